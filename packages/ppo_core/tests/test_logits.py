@@ -1,0 +1,73 @@
+"""Log-probabilities and entropies from logits: hand values, chunking, bf16, gradients."""
+
+import math
+
+import pytest
+import torch
+
+import ppo_core.logits as logits_module
+from ppo_core import entropy_from_logits, logprobs_from_logits
+
+# softmax([0, ln 2, ln 3]) = [1/6, 2/6, 3/6]
+Z = torch.tensor([[[0.0, math.log(2), math.log(3)]]], dtype=torch.float64)
+
+
+def test_logprob_hand_values() -> None:
+    assert logprobs_from_logits(Z, torch.tensor([[2]])).item() == pytest.approx(math.log(1 / 2))
+    assert logprobs_from_logits(Z, torch.tensor([[0]])).item() == pytest.approx(math.log(1 / 6))
+
+
+def test_temperature_divides_logits() -> None:
+    # z / 2 = [0, ln √2, ln √3]: p ∝ [1, √2, √3], sum 4.14626
+    expected = -math.log(1 + math.sqrt(2) + math.sqrt(3))  # -1.42221
+    got = logprobs_from_logits(Z, torch.tensor([[0]]), temperature=2.0).item()
+    assert got == pytest.approx(expected)
+
+
+def test_entropy_hand_values() -> None:
+    # H = (1/6) ln 6 + (1/3) ln 3 + (1/2) ln 2 = 1.01140
+    expected = math.log(6) / 6 + math.log(3) / 3 + math.log(2) / 2
+    assert entropy_from_logits(Z).item() == pytest.approx(expected)
+    uniform = entropy_from_logits(torch.zeros(2, 3, 4))  # uniform over 4: ln 4
+    torch.testing.assert_close(uniform, torch.full((2, 3), math.log(4)))
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    # 2 rows of vocab 13 per chunk, so a [3, 5, 13] input runs through 8 chunks.
+    monkeypatch.setattr(logits_module, "_CHUNK_ELEMENTS", 26)
+
+
+def test_chunked_equals_log_softmax_and_has_its_gradient(tiny_chunks) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 13, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 13, (3, 5))
+    got = logprobs_from_logits(logits, labels, temperature=0.7)
+    want = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, labels[..., None]).squeeze(-1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    (grad_got,) = torch.autograd.grad(got.sum(), logits)
+    (grad_want,) = torch.autograd.grad(want.sum(), logits)
+    torch.testing.assert_close(grad_got, grad_want, rtol=0, atol=1e-12)
+    ent = entropy_from_logits(logits)
+    p = torch.softmax(logits, -1)
+    torch.testing.assert_close(ent, -(p * torch.log_softmax(logits, -1)).sum(-1))
+
+
+def test_bf16_logits_give_float32_results(tiny_chunks) -> None:
+    torch.manual_seed(1)
+    logits = (torch.randn(2, 4, 13) * 3).to(torch.bfloat16)
+    labels = torch.randint(0, 13, (2, 4))
+    got = logprobs_from_logits(logits, labels)
+    assert got.dtype == torch.float32
+    exact = torch.log_softmax(logits.double(), -1).gather(-1, labels[..., None]).squeeze(-1)
+    torch.testing.assert_close(got.double(), exact, rtol=0, atol=1e-5)
+    assert entropy_from_logits(logits).dtype == torch.float32
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"`labels` has shape \(1, 2\)"):
+        logprobs_from_logits(Z, torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match="integer token ids"):
+        logprobs_from_logits(Z, torch.tensor([[0.0]]))
+    with pytest.raises(ValueError, match="temperature"):
+        logprobs_from_logits(Z, torch.tensor([[0]]), temperature=0.0)
