@@ -1,5 +1,62 @@
-"""Token-budget micro-batching and sequence packing (arrives with issue 3)."""
+"""klppo-batching: token-budget micro-batches, DP balancing and sequence packing.
 
-from importlib.metadata import version as _version
+- :func:`balanced_partitions`: Karmarkar–Karp k-way partitioning (optionally equal sizes)
+- :func:`token_budget_micro_batches` → :class:`MicroBatchPlan`: hard-capped dynamic batch
+  size; :func:`restore_order` puts per-micro-batch outputs back in input order
+- :func:`sync_num_micro_batches`: one micro-batch count across data-parallel ranks
+- :func:`balance_across_ranks` → :class:`RankAssignment`: equal sequence counts per rank
+  with balanced tokens
+- :func:`pack` → :class:`Packing`, :func:`unpack`: sequence packing (remove padding)
+- :func:`check_token_budgets`, :func:`suggest_token_budgets`: budget rules of thumb
+"""
 
-__version__ = _version("klppo-batching")
+from importlib.metadata import PackageNotFoundError, version
+
+from batching.budgets import BudgetFinding, TokenBudgets, check_token_budgets, suggest_token_budgets
+from batching.distributed import sync_num_micro_batches
+from batching.micro_batches import (
+    COMPUTE_LINEAR_COEFF,
+    MicroBatchPlan,
+    first_fit_decreasing_count,
+    restore_order,
+    sequence_workloads,
+    token_budget_micro_batches,
+)
+from batching.packing import (
+    Packing,
+    block_causal_mask,
+    next_token_labels,
+    pack,
+    pack_values,
+    unpack,
+)
+from batching.partition import balanced_partitions
+from batching.ranks import RankAssignment, balance_across_ranks
+
+try:
+    __version__ = version("klppo-batching")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "COMPUTE_LINEAR_COEFF",
+    "BudgetFinding",
+    "MicroBatchPlan",
+    "Packing",
+    "RankAssignment",
+    "TokenBudgets",
+    "balance_across_ranks",
+    "balanced_partitions",
+    "block_causal_mask",
+    "check_token_budgets",
+    "first_fit_decreasing_count",
+    "next_token_labels",
+    "pack",
+    "pack_values",
+    "restore_order",
+    "sequence_workloads",
+    "suggest_token_budgets",
+    "sync_num_micro_batches",
+    "token_budget_micro_batches",
+    "unpack",
+]
