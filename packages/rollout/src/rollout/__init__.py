@@ -1,5 +1,34 @@
-"""Generation engines behind one Protocol (arrives with issue 5)."""
+"""klppo-rollout: generation engines behind one Protocol, with weight sync.
 
-from importlib.metadata import version as _version
+- :class:`SamplingConfig`; :class:`RolloutEngine` (Protocol); :class:`RolloutBatch`, :class:`Sample`
+- :class:`HFEngine` (+ :class:`HFEngineConfig`): transformers ``generate``
+- :class:`VLLMEngine` (+ :class:`VLLMConfig`): vLLM, imported only when constructed
+- :class:`WeightSync`, :func:`logprob_mismatch`
+"""
 
-__version__ = _version("klppo-rollout")
+from importlib.metadata import PackageNotFoundError, version
+
+from rollout.config import SamplingConfig
+from rollout.hf_engine import HFEngine, HFEngineConfig
+from rollout.protocol import RolloutEngine
+from rollout.sync import WeightSync, logprob_mismatch
+from rollout.types import RolloutBatch, Sample
+from rollout.vllm_engine import VLLMConfig, VLLMEngine
+
+try:
+    __version__ = version("klppo-rollout")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "HFEngine",
+    "HFEngineConfig",
+    "RolloutBatch",
+    "RolloutEngine",
+    "Sample",
+    "SamplingConfig",
+    "VLLMConfig",
+    "VLLMEngine",
+    "WeightSync",
+    "logprob_mismatch",
+]

@@ -1,0 +1,46 @@
+"""The narrow boundary between the trainer and any generation engine.
+
+The trainer imports only this Protocol and the value types; it never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from rollout.config import SamplingConfig
+from rollout.types import RolloutBatch
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A generation engine the PPO loop can drive.
+
+    Contract:
+        - ``generate`` returns samples grouped by prompt (prompt i's ``n`` samples are
+          contiguous, in prompt order), each stamped with ``policy_version``.
+        - ``update_weights`` replaces the weights named in ``named_tensors`` (HF names) and
+          sets ``policy_version = version``; every later ``generate`` uses the new weights.
+        - ``sleep``/``wake_up`` free and restore accelerator memory between rollouts where
+          the engine supports it, and are explicit no-ops elsewhere.
+    """
+
+    policy_version: int
+
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> RolloutBatch: ...
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int
+    ) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...

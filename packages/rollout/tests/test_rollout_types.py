@@ -1,0 +1,132 @@
+"""Sampling config, batch tensors, prompt checks, buckets, mismatch probe, HF engine, WeightSync."""
+
+import math
+
+import pytest
+import torch
+from rollout_testing import EOS, PAD, VOCAB, recompute_logprobs, tiny_model
+
+from rollout import (
+    HFEngine,
+    HFEngineConfig,
+    RolloutBatch,
+    RolloutEngine,
+    Sample,
+    SamplingConfig,
+    WeightSync,
+    logprob_mismatch,
+)
+from rollout.types import check_prompts
+from rollout.vllm_engine import buckets
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"n": 0}, "n"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"stop_token_ids": (3, -1)}, "stop_token_ids"),
+    ],
+)
+def test_sampling_config_names_the_field(kwargs, field) -> None:
+    with pytest.raises(ValueError, match=f"SamplingConfig.{field}"):
+        SamplingConfig(**kwargs)
+
+
+def test_response_tensors() -> None:
+    batch = RolloutBatch(
+        [
+            Sample(0, (4, 1), (-0.5, -1.0), "stop", 3),
+            Sample(0, (7, 8, 9), (-1.0, -2.0, -3.0), "length", 3),
+        ],
+        3,
+    )
+    ids, logprobs, mask = batch.response_tensors(pad_token_id=PAD)
+    assert ids.tolist() == [[4, 1, PAD], [7, 8, 9]]
+    assert logprobs.tolist() == [[-0.5, -1.0, 0.0], [-1.0, -2.0, -3.0]]
+    assert mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    with pytest.raises(ValueError, match="sample 1 has 3 tokens, more than width=2"):
+        batch.response_tensors(PAD, width=2)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "match"),
+    [
+        ([], "empty prompt list"),
+        ([[1, 2], []], "prompt 1 is empty"),
+        ([[1, 2], [3] * 10], "prompt 1 has 10 tokens; max_model_len=10"),
+        (
+            [[1, 200, 2, -1]],
+            r"prompt 0 has token ids outside the vocabulary \[0, 128\): \[200, -1\]",
+        ),
+    ],
+)
+def test_bad_prompts_are_refused(prompts, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_prompts(prompts, VOCAB, max_len=10)
+
+
+def test_buckets_are_bounded() -> None:
+    tensors = [(f"w{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 100])]  # fp32
+    groups = [[name for name, _ in b] for b in buckets(tensors, bucket_bytes=80)]
+    # 40 + 40 bytes fit; 120 alone (oversized); 20; 400 alone
+    assert groups == [["w0", "w1"], ["w2"], ["w3"], ["w4"]]
+
+
+def test_logprob_mismatch_hand_values() -> None:
+    engine = torch.tensor([[-1.0, -2.0, -3.0]])
+    trainer = torch.tensor([[-1.5, -2.0, -9.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    m = logprob_mismatch(engine, trainer, mask)
+    assert m["rollout/logprob_diff_mean"].item() == pytest.approx(0.25)  # (0.5 + 0) / 2
+    assert m["rollout/logprob_diff_max"].item() == pytest.approx(0.5)
+    # k3 with r = trainer − engine = −0.5: e^r − r − 1 = 0.10653; 0 for the equal token
+    assert m["rollout/logprob_k3_kl"].item() == pytest.approx((math.exp(-0.5) + 0.5 - 1) / 2)
+    with pytest.raises(ValueError, match="shapes differ"):
+        logprob_mismatch(engine, trainer[:, :2], mask)
+
+
+def hf_engine(model) -> HFEngine:
+    return HFEngine(
+        model, HFEngineConfig(pad_token_id=PAD, eos_token_ids=(EOS,), max_tokens_per_batch=40)
+    )
+
+
+def test_hf_engine_groups_samples_and_logprobs_match_the_model(model) -> None:
+    engine = hf_engine(model)
+    assert isinstance(engine, RolloutEngine)
+    batch = engine.generate(PROMPTS, SamplingConfig(n=3, temperature=0.8, max_new_tokens=6, seed=0))
+    assert [s.prompt_index for s in batch.samples] == [0, 0, 0, 1, 1, 1]
+    for s in batch.samples:
+        assert len(s.logprobs) == len(s.response_token_ids) >= 1
+        assert (s.finish_reason == "stop") == (s.response_token_ids[-1] == EOS)
+        expected = recompute_logprobs(model, PROMPTS[s.prompt_index], s.response_token_ids, 0.8)
+        torch.testing.assert_close(torch.tensor(s.logprobs), expected, atol=1e-4, rtol=0)
+    assert engine.stats()["generated_tokens"] == sum(
+        len(s.response_token_ids) for s in batch.samples
+    )
+
+
+def test_hf_engine_update_weights_and_weight_sync(model) -> None:
+    engine = hf_engine(model)
+    trainer = tiny_model(seed=1)  # other weights
+    sync = WeightSync(lambda: trainer.named_parameters(), engine)
+    before = engine.generate(PROMPTS, SamplingConfig(temperature=0, max_new_tokens=5))
+    metrics = sync.sync(version=1)
+    after = engine.generate(PROMPTS, SamplingConfig(temperature=0, max_new_tokens=5))
+    assert {s.policy_version for s in before.samples} == {0}
+    assert {s.policy_version for s in after.samples} == {1}
+    assert metrics["rollout/weight_sync_bytes"] == sum(p.numel() * 4 for p in trainer.parameters())
+    for s in after.samples:
+        expected = recompute_logprobs(trainer, PROMPTS[s.prompt_index], s.response_token_ids)
+        torch.testing.assert_close(torch.tensor(s.logprobs), expected, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="must exceed the last version 1"):
+        sync.sync(version=1)
+    with pytest.raises(KeyError, match="no parameter 'lm_head.bias'"):
+        engine.update_weights([("lm_head.bias", torch.zeros(3))], version=2)
