@@ -22,6 +22,8 @@ ALLOWED = {
     "fsdp_sharding": {"torch"},
     "rollout": {"torch", "transformers", "vllm"},
     "klppo_train": {
+        "omegaconf",
+        "pyarrow",
         "torch",
         "numpy",
         "transformers",

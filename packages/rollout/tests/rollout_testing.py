@@ -11,7 +11,7 @@ os.environ.setdefault("VLLM_CACHE_ROOT", "/tmp/klppo_vllm_cache")
 EOS, PAD, VOCAB = 1, 0, 128
 
 
-def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
+def tiny_model(seed: int = 0, tie: bool = False) -> Qwen2ForCausalLM:
     """Qwen2 with head_dim 32 (vLLM's CPU attention refuses head_dim < 32)."""
     torch.manual_seed(seed)
     config = Qwen2Config(

@@ -1,4 +1,4 @@
-"""Sampling config, batch tensors, prompt checks, buckets, mismatch probe, HF engine, WeightSync."""
+"""Sampling config, batch tensors, prompt checks, mismatch probe, HF engine, WeightSync."""
 
 import math
 
@@ -17,7 +17,6 @@ from rollout import (
     logprob_mismatch,
 )
 from rollout.types import check_prompts
-from rollout.vllm_engine import buckets
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11]]
 
@@ -72,13 +71,6 @@ def test_bad_prompts_are_refused(prompts, match) -> None:
         check_prompts(prompts, VOCAB, max_len=10)
 
 
-def test_buckets_are_bounded() -> None:
-    tensors = [(f"w{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 100])]  # fp32
-    groups = [[name for name, _ in b] for b in buckets(tensors, bucket_bytes=80)]
-    # 40 + 40 bytes fit; 120 alone (oversized); 20; 400 alone
-    assert groups == [["w0", "w1"], ["w2"], ["w3"], ["w4"]]
-
-
 def test_logprob_mismatch_hand_values() -> None:
     engine = torch.tensor([[-1.0, -2.0, -3.0]])
     trainer = torch.tensor([[-1.5, -2.0, -9.0]])
@@ -130,3 +122,19 @@ def test_hf_engine_update_weights_and_weight_sync(model) -> None:
         sync.sync(version=1)
     with pytest.raises(KeyError, match="no parameter 'lm_head.bias'"):
         engine.update_weights([("lm_head.bias", torch.zeros(3))], version=2)
+
+
+def test_hf_ignore_eos_generates_to_the_limit(model) -> None:
+    prompt = [PROMPTS[0]]
+    greedy = SamplingConfig(temperature=0, max_new_tokens=6)
+    first = hf_engine(model).generate(prompt, greedy).samples[0].response_token_ids[0]
+    # Make the first greedy token the EOS, for the engine and in the model's own generation
+    # config (transformers falls back to the latter when eos_token_id is None).
+    model.generation_config.eos_token_id = first
+    engine = HFEngine(model, HFEngineConfig(pad_token_id=PAD, eos_token_ids=(first,)))
+    stopped = engine.generate(prompt, greedy).samples[0]
+    assert stopped.response_token_ids == (first,) and stopped.finish_reason == "stop"
+    ignoring = SamplingConfig(temperature=0, max_new_tokens=6, ignore_eos=True)
+    forced = engine.generate(prompt, ignoring).samples[0]
+    assert len(forced.response_token_ids) == 6 and forced.finish_reason == "length"
+    assert forced.response_token_ids[0] == first

@@ -17,7 +17,9 @@ LONG_PROMPT = [(7 * i) % 120 + 2 for i in range(200)]
 def setup(tmp_path_factory):
     from rollout import VLLMEngine
 
-    model = tiny_model()
+    # Tied embeddings: the sync path that needs the lm_head repack (the distributed test
+    # covers an untied model).
+    model = tiny_model(tie=True)
     path = tmp_path_factory.mktemp("tiny")
     model.save_pretrained(path)
     engine = VLLMEngine(path, VLLMConfig(kv_cache_space_gib=0.25, max_model_len=512))
@@ -80,7 +82,7 @@ def test_weight_sync_reaches_the_running_engine(setup) -> None:
     sampling = SamplingConfig(n=2, max_new_tokens=6, seed=5)
     start = engine.policy_version
     engine.generate(prompts, sampling)  # fills the prefix cache with the old weights
-    trainer = perturbed(tiny_model(), seed=start + 1)
+    trainer = perturbed(tiny_model(tie=True), seed=start + 1)
     stale = engine.generate(prompts, sampling)
     assert max_logprob_gap(trainer, stale, prompts) > 1e-2  # not synced yet: must differ
     engine.update_weights(trainer.named_parameters(), version=start + 1)
@@ -96,7 +98,7 @@ def test_without_prefix_cache_reset_the_long_prompt_goes_stale(setup) -> None:
     prompts = [LONG_PROMPT]
     sampling = SamplingConfig(max_new_tokens=4, seed=6)
     engine.generate(prompts, sampling)
-    trainer = perturbed(tiny_model(), seed=99)
+    trainer = perturbed(tiny_model(tie=True), seed=99)
     engine.llm.collective_rpc(
         "reload_weights",
         kwargs={"weights_iterator": list(trainer.named_parameters()), "is_checkpoint_format": True},

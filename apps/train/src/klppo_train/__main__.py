@@ -1,20 +1,32 @@
-"""Entry point of `uv run apps/train` (and the `klppo-train` script)."""
+"""Entry point of `uv run apps/train`, `python -m klppo_train` and the `klppo-train` script."""
 
-from importlib.metadata import version
+from __future__ import annotations
 
-DISTRIBUTIONS = (
-    "klppo-ppo-core",
-    "klppo-batching",
-    "klppo-fsdp-sharding",
-    "klppo-rollout",
-    "klppo-train",
-)
+import logging
+import sys
+
+from klppo_train.cli import default_recipe, parse_args, versions
+from klppo_train.config import load_config, to_yaml
+from klppo_train.validate import validate_config
+
+log = logging.getLogger("klppo_train")
 
 
-def main() -> int:
-    # The PPO loop lands with issue 6; until then the app reports what is installed.
-    for dist in DISTRIBUTIONS:
-        print(f"{dist} {version(dist)}")
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        config = load_config(args.recipe or default_recipe(), args.overrides)
+        advice = validate_config(config)
+    except ValueError as err:
+        print(f"klppo-train: config error: {err}", file=sys.stderr)
+        return 2
+    for line in advice:
+        log.info("token budgets: %s", line)
+    if args.print_config:
+        print(to_yaml(config))
+    print(versions())
+    print("config is valid; the PPO loop itself lands with issue 6 (see the issue notes)")
     return 0
 
 

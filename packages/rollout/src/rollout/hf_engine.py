@@ -74,8 +74,13 @@ class HFEngine:
             yield chunk
 
     def _generation_config(self, sampling: SamplingConfig) -> GenerationConfig:
+        # transformers reads eos_token_id=None as "not set" and falls back to the model's
+        # EOS, so ignoring EOS needs an id that is never sampled: one past the vocabulary.
+        vocab = self.model.get_input_embeddings().num_embeddings
         stops = (
-            [] if sampling.ignore_eos else [*self.config.eos_token_ids, *sampling.stop_token_ids]
+            [vocab]
+            if sampling.ignore_eos
+            else [*self.config.eos_token_ids, *sampling.stop_token_ids]
         )
         kwargs = (
             {"do_sample": False}
@@ -89,8 +94,10 @@ class HFEngine:
         )
         return GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
-            eos_token_id=stops or None,
+            eos_token_id=stops,
             pad_token_id=self.config.pad_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
             **kwargs,
         )
 
@@ -102,8 +109,6 @@ class HFEngine:
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             generation_config=self._generation_config(sampling),
-            output_scores=True,
-            return_dict_in_generate=True,
         )
         new = out.sequences[:, ids.shape[1] :].cpu()
         # scores = logits after temperature / top-k / top-p, the distribution sampled from

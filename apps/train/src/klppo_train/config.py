@@ -1,0 +1,197 @@
+"""The app's configuration: one frozen dataclass per component, composed with OmegaConf.
+
+A run is configured by a YAML recipe plus dotted CLI overrides
+(``actor.ppo_max_token_len_per_gpu=16384``). Everything is validated here, before any
+model is loaded: unknown keys (with a "did you mean"), types, value ranges, batch-size
+divisibility and token budgets. Semantics follow verl where users rely on them:
+``data.train_batch_size`` and ``*.ppo_mini_batch_size`` count prompts globally,
+``*_per_gpu`` values are per device, ``rollout.n`` samples per prompt.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from klppo_train.data import DataConfig
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``path``: a local HF directory; empty = the embedded tiny model of the default recipe."""
+
+    path: str = ""
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class FsdpConfig:
+    """Primitive mirror of ``fsdp_sharding.ShardingConfig`` (YAML has no torch dtypes)."""
+
+    strategy: str = "fsdp2"
+    forward_prefetch: bool = False
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    param_dtype: str = ""  # "" = per-device default (bf16 on GPU, fp32 on CPU)
+    fsdp_size: int = -1
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_gpu: int = 8
+    use_dynamic_bsz: bool = True
+    ppo_max_token_len_per_gpu: int = 4096
+    ppo_epochs: int = 1
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    lr: float = 1e-6
+    lr_warmup_steps: int = 0
+    lr_scheduler: str = "constant"
+    weight_decay: float = 0.01
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_max_token_len_per_gpu: int = 8192
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    enable: bool = True
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_gpu: int = 8
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+    lr: float = 1e-5
+    lr_warmup_steps: int = 0
+    weight_decay: float = 0.01
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = "vllm"  # "vllm" | "hf"
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    response_length: int = 512
+    log_prob_max_token_len_per_gpu: int = 8192
+    gpu_memory_utilization: float = 0.5
+    kv_cache_space_gib: float = 1.0
+    max_num_seqs: int = 256
+    enforce_eager: bool = True
+    val_temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    type: str = "fixed"  # "fixed" | "adaptive"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: float = 10000.0
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    custom: str = ""  # "path/to/file.py:function"
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    total_training_steps: int = 0  # 0 = derive from total_epochs
+    total_epochs: int = 1
+    run_dir: str = "runs/default"
+    seed: int = 1
+    test_freq: int = 5
+    save_freq: int = 0  # 0 = only at the end
+    resume_mode: str = "auto"  # "auto" | "disable" | a checkpoint path
+    max_ckpt_to_keep: int = 2
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def _keys_at(path: str) -> list[str]:
+    """Valid keys under a dotted path of the schema ('' = top level)."""
+    node: Any = AppConfig
+    for part in [p for p in path.split(".") if p]:
+        node = {f.name: f for f in fields(node)}[part].default_factory
+    return [f.name for f in fields(node)] if is_dataclass(node) else []
+
+
+def _unknown_key_error(err: ConfigKeyError) -> ValueError:
+    full_key = str(getattr(err, "full_key", "") or "")
+    parent, _, key = full_key.rpartition(".")
+    valid = _keys_at(parent)
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
+    return ValueError(
+        f"unknown config key '{full_key}'{hint} (valid under "
+        f"'{parent or '<top>'}': {', '.join(valid)})"
+    )
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> AppConfig:
+    """Schema defaults ← YAML recipe ← dotted overrides, type-checked, then validated."""
+    schema = OmegaConf.structured(AppConfig)
+    layers: list[DictConfig] = []
+    if recipe is not None:
+        layers.append(OmegaConf.load(recipe))
+    layers.append(OmegaConf.from_dotlist(list(overrides or [])))
+    try:
+        merged = OmegaConf.merge(schema, *layers)
+    except ConfigKeyError as err:
+        raise _unknown_key_error(err) from None
+    except ValidationError as err:
+        raise ValueError(f"bad value for config key '{err.full_key}': {err.msg}") from None
+    config = OmegaConf.to_object(merged)
+    return config
+
+
+def to_yaml(config: AppConfig) -> str:
+    """The resolved config as YAML (``--print-config``, and the copy in the run directory)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -1,0 +1,483 @@
+"""verl-format prompt datasets: read and check parquet rows, tokenize prompts, batch them.
+
+A row (one prompt) has the columns verl's example datasets use::
+
+    data_source   str                        picks the reward function
+    prompt        list[{role, content}]      chat messages, rendered by the chat template
+    ability       str                        free-form tag, e.g. "math"
+    reward_model  {style: str, ground_truth: str}
+    extra_info    struct, optional           kept as-is and handed to the reward
+
+Two datasets ship with the app: a generated arithmetic task (``make_arithmetic_rows``) and a
+converter for local GSM8K jsonl files (``gsm8k_rows``); ``python -m klppo_train.data`` writes
+them as parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+TRUNCATION_MODES = ("error", "left", "right")
+ARITHMETIC_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+_GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the prompts come from and how they are tokenized and batched.
+
+    Attributes:
+        train_files: parquet files of training prompts. Empty by default so the app config
+            can build ``DataConfig()`` as a schema default; :func:`read_rows` rejects an
+            empty list when the data is actually loaded.
+        val_files: parquet files of validation prompts (may stay empty: no validation).
+        max_prompt_length: longest prompt, in tokens, after the chat template.
+        truncation: what to do with a longer prompt when it is not filtered out: "error"
+            raises, "left" keeps the last ``max_prompt_length`` tokens, "right" the first.
+        filter_overlong_prompts: drop (and count) longer prompts instead of truncating.
+        shuffle: reshuffle the training prompts every epoch.
+        seed: shuffle seed; epoch e uses ``seed + e``.
+        train_batch_size: prompts per training step, across all ranks.
+        val_batch_size: prompts per validation batch; None means the whole validation set.
+    """
+
+    train_files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    max_prompt_length: int = 512
+    truncation: str = "error"
+    filter_overlong_prompts: bool = True
+    shuffle: bool = True
+    seed: int = 1
+    train_batch_size: int = 8
+    val_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        # A single path is a common slip in YAML/CLI overrides: accept it as a 1-tuple.
+        for name in ("train_files", "val_files"):
+            files = getattr(self, name)
+            files = (files,) if isinstance(files, str | os.PathLike) else tuple(files)
+            if not all(isinstance(f, str | os.PathLike) and str(f) for f in files):
+                raise ValueError(f"DataConfig.{name} must hold non-empty paths, got {files!r}")
+            object.__setattr__(self, name, tuple(str(f) for f in files))
+        _check_int("max_prompt_length", self.max_prompt_length, low=1)
+        _check_int("train_batch_size", self.train_batch_size, low=1)
+        _check_int("seed", self.seed, low=None)
+        if self.val_batch_size is not None:
+            _check_int("val_batch_size", self.val_batch_size, low=1)
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(
+                f"DataConfig.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}"
+            )
+        for name in ("filter_overlong_prompts", "shuffle"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DataConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+def _check_int(name: str, value: Any, low: int | None) -> None:
+    # bool is an int subclass; `max_prompt_length: true` is a typo, not 1.
+    if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
+        bound = f" >= {low}" if low is not None else ""
+        raise ValueError(f"DataConfig.{name} must be an int{bound}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------- rows
+
+
+def check_row(row: Any, where: str) -> dict[str, Any]:
+    """Validate one verl row and return it normalised (extra_info always a dict).
+
+    Raises:
+        ValueError: ``"{where}: '<field>' ..."`` for the first missing or mistyped field.
+    """
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a row must be a dict, got {type(row).__name__}")
+    for key in ("data_source", "ability"):
+        if not isinstance(row.get(key), str) or not row[key]:
+            raise ValueError(f"{where}: {key!r} must be a non-empty str, got {row.get(key)!r}")
+    prompt = row.get("prompt")
+    if (
+        not isinstance(prompt, list | tuple)
+        or not prompt
+        or not all(_is_message(m) for m in prompt)
+    ):
+        raise ValueError(
+            f"{where}: 'prompt' must be a non-empty list of {{role, content}} messages "
+            f"with str values, got {prompt!r}"
+        )
+    reward = row.get("reward_model")
+    if not (
+        isinstance(reward, dict) and all(_is_str(reward.get(k)) for k in ("style", "ground_truth"))
+    ):
+        raise ValueError(
+            f"{where}: 'reward_model' must be {{style: str, ground_truth: str}}, got {reward!r}"
+        )
+    extra = row.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+        raise ValueError(f"{where}: 'extra_info' must be a dict or missing, got {extra!r}")
+    return {
+        "data_source": row["data_source"],
+        "prompt": [{"role": m["role"], "content": m["content"]} for m in prompt],
+        "ability": row["ability"],
+        "reward_model": {"style": reward["style"], "ground_truth": reward["ground_truth"]},
+        "extra_info": dict(extra or {}),
+    }
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_message(message: Any) -> bool:
+    return (
+        isinstance(message, dict)
+        and bool(message.get("role"))
+        and all(_is_str(message.get(k)) for k in ("role", "content"))
+    )
+
+
+def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Read and validate verl rows from one or more parquet files, in file order.
+
+    Raises:
+        FileNotFoundError: a path does not exist (checked for all before reading any).
+        ValueError: no paths, or a bad row, named as ``"<path> row <i>: ..."``.
+    """
+    paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if not paths:
+        raise ValueError("read_rows: no parquet files given (is data.train_files empty?)")
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"parquet file {str(path)!r} does not exist")
+    rows = []
+    for path in paths:
+        table = pq.read_table(path)
+        rows += [check_row(r, f"{path} row {i}") for i, r in enumerate(table.to_pylist())]
+    return rows
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:
+    """Validate ``rows`` and write them to ``path`` atomically (temp file + ``os.replace``)."""
+    if not rows:
+        raise ValueError(f"write_parquet: no rows to write to {str(path)!r}")
+    rows = [check_row(r, f"rows[{i}]") for i, r in enumerate(rows)]
+    if not any(r["extra_info"] for r in rows):
+        # Parquet cannot store a struct without fields; read_rows treats a missing column as {}.
+        rows = [{k: v for k, v in r.items() if k != "extra_info"} for r in rows]
+    table = pa.Table.from_pylist(rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------- dataset
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One tokenized prompt. ``prompt_text`` is the full rendered text, even if truncated."""
+
+    index: int
+    data_source: str
+    prompt_ids: tuple[int, ...]
+    prompt_text: str
+    messages: tuple[dict[str, str], ...]
+    ability: str
+    ground_truth: str
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False
+
+
+class PromptDataset:
+    """Rows rendered with the tokenizer's chat template and fitted to ``max_prompt_length``.
+
+    Args:
+        rows: validated rows, e.g. from :func:`read_rows`.
+        tokenizer: a HF tokenizer with a ``chat_template``.
+        config: length limit, truncation mode and filtering.
+
+    Raises:
+        ValueError: the tokenizer has no chat template, or (``truncation="error"`` without
+            filtering) a prompt is too long, naming the row index and its length.
+    """
+
+    def __init__(self, rows: Sequence[dict[str, Any]], tokenizer: Any, config: DataConfig):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("PromptDataset: the tokenizer has no chat_template to render prompts")
+        self.config = config
+        self.num_filtered = 0
+        self.items: list[PromptItem] = []
+        for i, row in enumerate(rows):
+            item = self._make_item(i, row, tokenizer)
+            if item is None:
+                self.num_filtered += 1
+            else:
+                self.items.append(item)
+
+    def _make_item(self, i: int, row: dict[str, Any], tokenizer: Any) -> PromptItem | None:
+        messages = row["prompt"]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        ids = list(ids)
+        limit, mode = self.config.max_prompt_length, self.config.truncation
+        overlong = len(ids) > limit
+        if overlong and self.config.filter_overlong_prompts:
+            return None
+        if overlong and mode == "error":
+            raise ValueError(
+                f"row {i} ({row['data_source']}): prompt has {len(ids)} tokens, over "
+                f"max_prompt_length={limit}; set truncation to 'left'/'right' or "
+                "filter_overlong_prompts=True"
+            )
+        if overlong:
+            ids = ids[-limit:] if mode == "left" else ids[:limit]
+        return PromptItem(
+            index=i,
+            data_source=row["data_source"],
+            prompt_ids=tuple(int(t) for t in ids),
+            prompt_text=text,
+            messages=tuple(dict(m) for m in messages),
+            ability=row["ability"],
+            ground_truth=row["reward_model"]["ground_truth"],
+            extra_info=dict(row.get("extra_info") or {}),
+            truncated=overlong,
+        )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> PromptItem:
+        return self.items[index]
+
+
+# ---------------------------------------------------------------------------- loader
+
+
+class PromptLoader:
+    """Full batches of prompts, reshuffled each epoch, with a resumable position.
+
+    Epoch e's order is ``torch.randperm(n)`` from a generator seeded with ``seed + e``, so
+    it depends on nothing but (seed, epoch, n). The last incomplete batch of an epoch is
+    dropped. Iterating yields the rest of the current epoch; ``next_batch`` rolls over.
+
+    Args:
+        dataset: anything with ``len`` and integer indexing.
+        batch_size: items per batch, >= 1 and <= ``len(dataset)``.
+        seed: base seed of the per-epoch shuffle.
+        shuffle: False keeps dataset order every epoch.
+    """
+
+    def __init__(
+        self, dataset: Sequence[Any], batch_size: int, seed: int = 1, shuffle: bool = True
+    ):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"PromptLoader: batch_size must be an int >= 1, got {batch_size!r}")
+        if len(dataset) < batch_size:
+            raise ValueError(
+                f"PromptLoader: the dataset has {len(dataset)} items, fewer than one "
+                f"batch of batch_size={batch_size}"
+            )
+        self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
+        self._epoch, self._index = 0, 0
+        self._order: tuple[int, list[int]] | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self.dataset) // self.batch_size
+
+    def _epoch_order(self) -> list[int]:
+        if self._order is None or self._order[0] != self._epoch:
+            n = len(self.dataset)
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(self.seed + self._epoch)
+                order = torch.randperm(n, generator=gen).tolist()
+            else:
+                order = list(range(n))
+            self._order = (self._epoch, order)
+        return self._order[1]
+
+    def next_batch(self) -> list[Any]:
+        """The next full batch, moving on to the next epoch after the last one."""
+        order = self._epoch_order()
+        batch = [self.dataset[j] for j in order[self._index : self._index + self.batch_size]]
+        self._index += self.batch_size
+        self._roll_over()
+        return batch
+
+    def _roll_over(self) -> None:
+        # Done eagerly so a checkpoint taken after an epoch's last batch reads (epoch+1, 0).
+        if self._index + self.batch_size > len(self.dataset):
+            self._epoch, self._index = self._epoch + 1, 0
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        epoch = self._epoch
+        while self._epoch == epoch:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "index"}``: ``index`` is the next item position in the epoch's order."""
+        return {"epoch": self._epoch, "index": self._index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume at a position from :meth:`state_dict` (same dataset, seed and shuffle)."""
+        for key in ("epoch", "index"):
+            value = state.get(key) if isinstance(state, dict) else None
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"PromptLoader state {key!r} must be an int >= 0, got {value!r}")
+        if state["index"] > len(self.dataset):
+            raise ValueError(
+                f"PromptLoader state 'index'={state['index']} exceeds the dataset size "
+                f"{len(self.dataset)}"
+            )
+        self._epoch, self._index = state["epoch"], state["index"]
+        self._roll_over()
+
+
+# ---------------------------------------------------------------------------- built-in tasks
+
+
+def make_arithmetic_rows(
+    n: int, seed: int, max_operand: int = 9, ops: Sequence[str] = ("+",)
+) -> list[dict[str, Any]]:
+    """``n`` verl rows "What is a <op> b? ..." with operands in [0, max_operand]."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"make_arithmetic_rows: n must be an int >= 1, got {n!r}")
+    if not isinstance(max_operand, int) or max_operand < 0:
+        raise ValueError(
+            f"make_arithmetic_rows: max_operand must be an int >= 0, got {max_operand!r}"
+        )
+    bad = [op for op in ops if op not in ARITHMETIC_OPS]
+    if not ops or bad:
+        raise ValueError(
+            f"make_arithmetic_rows: ops must be from {tuple(ARITHMETIC_OPS)}, got {ops!r}"
+        )
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        op = rng.choice(list(ops))
+        question = f"What is {a} {op} {b}? Answer with just the number."
+        rows.append(_row("arithmetic", question, str(ARITHMETIC_OPS[op](a, b)), {"index": i}))
+    return rows
+
+
+def _row(data_source: str, content: str, ground_truth: str, extra: dict) -> dict[str, Any]:
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": extra,
+    }
+
+
+def gsm8k_rows(jsonl_path: str | os.PathLike, split: str = "train") -> list[dict[str, Any]]:
+    """Convert GSM8K jsonl lines ``{"question", "answer": "... #### 1,234"}`` to verl rows.
+
+    Raises:
+        ValueError: a line is not such an object or has no ``#### <number>``, naming its
+            1-based line number. Blank lines are skipped.
+    """
+    rows = []
+    with open(jsonl_path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{jsonl_path} line {lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+            rows.append(_gsm8k_row(record, where, split, len(rows)))
+    if not rows:
+        raise ValueError(f"{jsonl_path}: no GSM8K records found")
+    return rows
+
+
+def _gsm8k_row(record: Any, where: str, split: str, index: int) -> dict[str, Any]:
+    if not (
+        isinstance(record, dict) and all(_is_str(record.get(k)) for k in ("question", "answer"))
+    ):
+        raise ValueError(f"{where}: expected an object with str 'question' and 'answer'")
+    match = _GSM8K_ANSWER.search(record["answer"])
+    if match is None:
+        raise ValueError(f"{where}: 'answer' has no final '#### <number>'")
+    answer = match.group(1).replace(",", "")
+    content = f"{record['question']} {GSM8K_INSTRUCTION}"
+    extra = {
+        "split": split,
+        "index": index,
+        "question": record["question"],
+        "answer": record["answer"],
+    }
+    return _row("openai/gsm8k", content, answer, extra)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m klppo_train.data", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    arith = sub.add_parser("arithmetic", help="write DIR/train.parquet and DIR/val.parquet")
+    arith.add_argument("--out", required=True, help="output directory")
+    arith.add_argument("--train", type=int, default=1000, help="training prompts")
+    arith.add_argument("--val", type=int, default=100, help="validation prompts")
+    arith.add_argument("--seed", type=int, default=1, help="train uses seed, val seed + 1")
+    arith.add_argument("--max-operand", type=int, default=9)
+    arith.add_argument(
+        "--ops",
+        default="+",
+        help="comma-separated, from + - * (write --ops=-,* when it starts with -)",
+    )
+    gsm = sub.add_parser("gsm8k", help="convert a local GSM8K jsonl file to parquet")
+    gsm.add_argument("--jsonl", required=True, help="input jsonl with question/answer lines")
+    gsm.add_argument("--out", required=True, help="output parquet file")
+    gsm.add_argument("--split", default="train", help="stored in extra_info")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write the built-in datasets as parquet; returns the exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "arithmetic":
+        ops = tuple(op.strip() for op in args.ops.split(","))
+        out = Path(args.out)
+        for name, n, seed in (("train", args.train, args.seed), ("val", args.val, args.seed + 1)):
+            write_parquet(
+                make_arithmetic_rows(n, seed, args.max_operand, ops), out / f"{name}.parquet"
+            )
+            print(f"wrote {n} rows to {out / f'{name}.parquet'}")
+    else:
+        rows = gsm8k_rows(args.jsonl, split=args.split)
+        write_parquet(rows, args.out)
+        print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

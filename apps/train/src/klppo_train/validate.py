@@ -1,0 +1,162 @@
+"""Cross-field checks of an :class:`AppConfig`, run before any model or data is loaded.
+
+Every error names the config key(s) at fault. Returns the non-fatal findings (token-budget
+advice) for the caller to log.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batching import check_token_budgets
+from fsdp_sharding import MixedPrecision, ShardingConfig
+from klppo_train.config import AppConfig, FsdpConfig
+from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
+from rollout import SamplingConfig
+
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
+CHOICES = {
+    "algorithm.adv_estimator": ADV_ESTIMATORS,
+    "algorithm.kl_penalty": KL_ESTIMATORS,
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "actor.loss_agg_mode": LOSS_AGG_MODES,
+    "critic.loss_agg_mode": LOSS_AGG_MODES,
+    "actor.kl_loss_type": KL_ESTIMATORS,
+    "actor.lr_scheduler": ("constant", "cosine"),
+    "rollout.engine": ("vllm", "hf"),
+}
+
+
+def _get(config: AppConfig, key: str):
+    value = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _check_ranges(c: AppConfig) -> None:
+    rules = [
+        ("actor.clip_ratio_low", 0 < c.actor.clip_ratio_low < 1, "in (0, 1)"),
+        ("actor.clip_ratio_high", 0 < c.actor.clip_ratio_high < 1, "in (0, 1)"),
+        ("actor.clip_ratio_c", c.actor.clip_ratio_c > 1, "> 1"),
+        ("critic.cliprange_value", c.critic.cliprange_value > 0, "> 0"),
+        ("algorithm.gamma", 0 <= c.algorithm.gamma <= 1, "in [0, 1]"),
+        ("algorithm.lam", 0 <= c.algorithm.lam <= 1, "in [0, 1]"),
+        ("algorithm.kl_ctrl.kl_coef", c.algorithm.kl_ctrl.kl_coef >= 0, ">= 0"),
+        ("algorithm.kl_ctrl.target_kl", c.algorithm.kl_ctrl.target_kl > 0, "> 0"),
+        ("algorithm.kl_ctrl.horizon", c.algorithm.kl_ctrl.horizon > 0, "> 0"),
+        ("actor.kl_loss_coef", c.actor.kl_loss_coef >= 0, ">= 0"),
+        ("actor.entropy_coeff", c.actor.entropy_coeff >= 0, ">= 0"),
+        ("actor.lr", c.actor.lr > 0, "> 0"),
+        ("critic.lr", c.critic.lr > 0, "> 0"),
+        ("actor.ppo_epochs", c.actor.ppo_epochs >= 1, ">= 1"),
+        ("rollout.response_length", c.rollout.response_length >= 1, ">= 1"),
+        ("trainer.test_freq", c.trainer.test_freq >= 0, ">= 0"),
+    ]
+    for key, ok, rule in rules:
+        if not ok:
+            raise ValueError(f"{key} must be {rule}, got {_get(c, key)!r}")
+    for key, allowed in CHOICES.items():
+        if _get(c, key) not in allowed:
+            raise ValueError(f"{key}={_get(c, key)!r}; valid: {', '.join(allowed)}")
+
+
+def _check_batch_sizes(c: AppConfig, world_size: int) -> None:
+    n = c.rollout.n
+    roles = [("actor", c.actor)] + ([("critic", c.critic)] if c.critic.enable else [])
+    for role, cfg in roles:
+        if c.data.train_batch_size % cfg.ppo_mini_batch_size:
+            raise ValueError(
+                f"data.train_batch_size={c.data.train_batch_size} is not divisible "
+                f"by {role}.ppo_mini_batch_size={cfg.ppo_mini_batch_size}"
+            )
+        samples = cfg.ppo_mini_batch_size * n
+        if samples % world_size:
+            raise ValueError(
+                f"{role}.ppo_mini_batch_size × rollout.n = {samples} samples do not "
+                f"split over {world_size} ranks"
+            )
+        per_gpu = samples // world_size
+        micro = cfg.ppo_micro_batch_size_per_gpu
+        if not c.actor.use_dynamic_bsz and per_gpu % micro:
+            raise ValueError(
+                f"{role}: {per_gpu} samples per rank per mini-batch are not "
+                f"divisible by {role}.ppo_micro_batch_size_per_gpu={micro}"
+            )
+
+
+def _check_algorithm(c: AppConfig) -> None:
+    estimator = c.algorithm.adv_estimator
+    if estimator == "gae" and not c.critic.enable:
+        raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
+    if estimator in ("grpo", "rloo") and c.rollout.n < 2:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} compares samples of one prompt: "
+            f"rollout.n must be >= 2, got {c.rollout.n}"
+        )
+
+
+def _check_token_budgets(c: AppConfig) -> list[str]:
+    if not c.actor.use_dynamic_bsz:
+        return []
+    findings = check_token_budgets(
+        c.data.max_prompt_length,
+        c.rollout.response_length,
+        actor=c.actor.ppo_max_token_len_per_gpu,
+        log_prob=c.ref.log_prob_max_token_len_per_gpu,
+        critic=c.critic.ppo_max_token_len_per_gpu,
+    )
+    keys = {
+        "actor": "actor.ppo_max_token_len_per_gpu",
+        "log_prob": "ref.log_prob_max_token_len_per_gpu",
+        "critic": "critic.ppo_max_token_len_per_gpu",
+    }
+    errors = [f"{keys[f.key]}: {f.message}" for f in findings if f.level == "error"]
+    if errors:
+        raise ValueError("; ".join(errors))
+    return [f"{keys[f.key]}: {f.message}" for f in findings]
+
+
+def sharding_config(fsdp: FsdpConfig) -> ShardingConfig:
+    """The package config behind the YAML mirror (validates it too)."""
+    mixed = None
+    if fsdp.param_dtype:
+        mixed = MixedPrecision(getattr(torch, fsdp.param_dtype), torch.float32, torch.float32)
+    return ShardingConfig(
+        strategy=fsdp.strategy,
+        forward_prefetch=fsdp.forward_prefetch,
+        reshard_after_forward=fsdp.reshard_after_forward,
+        param_offload=fsdp.param_offload,
+        optimizer_offload=fsdp.optimizer_offload,
+        mixed_precision=mixed,
+        fsdp_size=fsdp.fsdp_size,
+    )
+
+
+def sampling_config(c: AppConfig, *, validation: bool = False) -> SamplingConfig:
+    r = c.rollout
+    return SamplingConfig(
+        n=1 if validation else r.n,
+        temperature=r.val_temperature if validation else r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_new_tokens=r.response_length,
+        seed=c.trainer.seed,
+    )
+
+
+def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
+    """Raise ``ValueError`` naming the key(s) of the first problem; return advice to log."""
+    _check_ranges(config)
+    _check_algorithm(config)
+    _check_batch_sizes(config, world_size)
+    for role in ("actor", "ref", "critic"):
+        try:
+            sharding_config(getattr(config, role).fsdp)
+        except (ValueError, AttributeError) as err:
+            raise ValueError(f"{role}.fsdp: {err}") from None
+    try:
+        sampling_config(config)
+    except ValueError as err:
+        raise ValueError(f"rollout: {err}") from None
+    return _check_token_budgets(config)
