@@ -15,12 +15,10 @@ from klppo_train.data import (
     PromptDataset,
     PromptLoader,
     check_row,
-    gsm8k_rows,
-    main,
-    make_arithmetic_rows,
     read_rows,
     write_parquet,
 )
+from klppo_train.tasks import gsm8k_rows, main, make_arithmetic_rows
 
 # One token per character, so a prompt's length is the length of its rendered text.
 TEMPLATE = (

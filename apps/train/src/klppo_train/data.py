@@ -8,18 +8,13 @@ A row (one prompt) has the columns verl's example datasets use::
     reward_model  {style: str, ground_truth: str}
     extra_info    struct, optional           kept as-is and handed to the reward
 
-Two datasets ship with the app: a generated arithmetic task (``make_arithmetic_rows``) and a
-converter for local GSM8K jsonl files (``gsm8k_rows``); ``python -m klppo_train.data`` writes
-them as parquet.
+The built-in datasets (arithmetic, GSM8K conversion) and their command line are in
+:mod:`klppo_train.tasks`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import random
-import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,9 +26,6 @@ import pyarrow.parquet as pq
 import torch
 
 TRUNCATION_MODES = ("error", "left", "right")
-ARITHMETIC_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-_GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 
 
 @dataclass(frozen=True)
@@ -120,7 +112,7 @@ def check_row(row: Any, where: str) -> dict[str, Any]:
         )
     reward = row.get("reward_model")
     if not (
-        isinstance(reward, dict) and all(_is_str(reward.get(k)) for k in ("style", "ground_truth"))
+        isinstance(reward, dict) and all(is_str(reward.get(k)) for k in ("style", "ground_truth"))
     ):
         raise ValueError(
             f"{where}: 'reward_model' must be {{style: str, ground_truth: str}}, got {reward!r}"
@@ -137,7 +129,7 @@ def check_row(row: Any, where: str) -> dict[str, Any]:
     }
 
 
-def _is_str(value: Any) -> bool:
+def is_str(value: Any) -> bool:
     return isinstance(value, str)
 
 
@@ -145,7 +137,7 @@ def _is_message(message: Any) -> bool:
     return (
         isinstance(message, dict)
         and bool(message.get("role"))
-        and all(_is_str(message.get(k)) for k in ("role", "content"))
+        and all(is_str(message.get(k)) for k in ("role", "content"))
     )
 
 
@@ -353,131 +345,3 @@ class PromptLoader:
             )
         self._epoch, self._index = state["epoch"], state["index"]
         self._roll_over()
-
-
-# ---------------------------------------------------------------------------- built-in tasks
-
-
-def make_arithmetic_rows(
-    n: int, seed: int, max_operand: int = 9, ops: Sequence[str] = ("+",)
-) -> list[dict[str, Any]]:
-    """``n`` verl rows "What is a <op> b? ..." with operands in [0, max_operand]."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"make_arithmetic_rows: n must be an int >= 1, got {n!r}")
-    if not isinstance(max_operand, int) or max_operand < 0:
-        raise ValueError(
-            f"make_arithmetic_rows: max_operand must be an int >= 0, got {max_operand!r}"
-        )
-    bad = [op for op in ops if op not in ARITHMETIC_OPS]
-    if not ops or bad:
-        raise ValueError(
-            f"make_arithmetic_rows: ops must be from {tuple(ARITHMETIC_OPS)}, got {ops!r}"
-        )
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        op = rng.choice(list(ops))
-        question = f"What is {a} {op} {b}? Answer with just the number."
-        rows.append(_row("arithmetic", question, str(ARITHMETIC_OPS[op](a, b)), {"index": i}))
-    return rows
-
-
-def _row(data_source: str, content: str, ground_truth: str, extra: dict) -> dict[str, Any]:
-    return {
-        "data_source": data_source,
-        "prompt": [{"role": "user", "content": content}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": extra,
-    }
-
-
-def gsm8k_rows(jsonl_path: str | os.PathLike, split: str = "train") -> list[dict[str, Any]]:
-    """Convert GSM8K jsonl lines ``{"question", "answer": "... #### 1,234"}`` to verl rows.
-
-    Raises:
-        ValueError: a line is not such an object or has no ``#### <number>``, naming its
-            1-based line number. Blank lines are skipped.
-    """
-    rows = []
-    with open(jsonl_path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{jsonl_path} line {lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-            rows.append(_gsm8k_row(record, where, split, len(rows)))
-    if not rows:
-        raise ValueError(f"{jsonl_path}: no GSM8K records found")
-    return rows
-
-
-def _gsm8k_row(record: Any, where: str, split: str, index: int) -> dict[str, Any]:
-    if not (
-        isinstance(record, dict) and all(_is_str(record.get(k)) for k in ("question", "answer"))
-    ):
-        raise ValueError(f"{where}: expected an object with str 'question' and 'answer'")
-    match = _GSM8K_ANSWER.search(record["answer"])
-    if match is None:
-        raise ValueError(f"{where}: 'answer' has no final '#### <number>'")
-    answer = match.group(1).replace(",", "")
-    content = f"{record['question']} {GSM8K_INSTRUCTION}"
-    extra = {
-        "split": split,
-        "index": index,
-        "question": record["question"],
-        "answer": record["answer"],
-    }
-    return _row("openai/gsm8k", content, answer, extra)
-
-
-# ---------------------------------------------------------------------------- CLI
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m klppo_train.data", description=__doc__.split("\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    arith = sub.add_parser("arithmetic", help="write DIR/train.parquet and DIR/val.parquet")
-    arith.add_argument("--out", required=True, help="output directory")
-    arith.add_argument("--train", type=int, default=1000, help="training prompts")
-    arith.add_argument("--val", type=int, default=100, help="validation prompts")
-    arith.add_argument("--seed", type=int, default=1, help="train uses seed, val seed + 1")
-    arith.add_argument("--max-operand", type=int, default=9)
-    arith.add_argument(
-        "--ops",
-        default="+",
-        help="comma-separated, from + - * (write --ops=-,* when it starts with -)",
-    )
-    gsm = sub.add_parser("gsm8k", help="convert a local GSM8K jsonl file to parquet")
-    gsm.add_argument("--jsonl", required=True, help="input jsonl with question/answer lines")
-    gsm.add_argument("--out", required=True, help="output parquet file")
-    gsm.add_argument("--split", default="train", help="stored in extra_info")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Write the built-in datasets as parquet; returns the exit code."""
-    args = _parser().parse_args(argv)
-    if args.command == "arithmetic":
-        ops = tuple(op.strip() for op in args.ops.split(","))
-        out = Path(args.out)
-        for name, n, seed in (("train", args.train, args.seed), ("val", args.val, args.seed + 1)):
-            write_parquet(
-                make_arithmetic_rows(n, seed, args.max_operand, ops), out / f"{name}.parquet"
-            )
-            print(f"wrote {n} rows to {out / f'{name}.parquet'}")
-    else:
-        rows = gsm8k_rows(args.jsonl, split=args.split)
-        write_parquet(rows, args.out)
-        print(f"wrote {len(rows)} rows to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
