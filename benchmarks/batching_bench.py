@@ -20,13 +20,13 @@ Prints a table and writes ``benchmarks/results/batching_bench.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+from _results import RESULTS_DIR, write_results
 
 from batching import (
     balanced_partitions,
@@ -35,7 +35,7 @@ from batching import (
     token_budget_micro_batches,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results" / "batching_bench.json"
+RESULTS = RESULTS_DIR / "batching_bench.json"
 
 
 def distributions(batch: int, max_len: int, seed: int = 0) -> dict[str, list[int]]:
@@ -124,15 +124,9 @@ def main() -> None:
                 f"| {row['over_cap_pct']:>10.1f} | {row['worst_overshoot_pct']:>12.1f} "
                 f"| {row['plan_ms']:>7.1f} |"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(
-            {"batch": args.batch, "max_len": args.max_len, "budget": budget, "rows": rows}, indent=2
-        )
+    write_results(
+        {"batch": args.batch, "max_len": args.max_len, "budget": budget, "rows": rows}, args.out
     )
-    tmp.replace(args.out)  # never leave a half-written result behind
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

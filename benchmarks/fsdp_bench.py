@@ -47,8 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import RESULTS_DIR, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "fsdp_bench.json"
+RESULTS = RESULTS_DIR / "fsdp_bench.json"
 BASELINE = "no prefetch"
 VARIANTS: dict[str, dict] = {
     "no prefetch": {"forward_prefetch": False, "backward_prefetch": False},
@@ -241,6 +243,9 @@ def worker(folder: Path) -> None:
             "rows": rows,
         }
         (folder / "result.json").write_text(json.dumps(result, indent=2))
+    # Both ranks done talking before teardown: a rank tearing gloo down while its peer
+    # is still busy aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -313,11 +318,7 @@ def main() -> None:
     data["wall_s"] = time.perf_counter() - start
     print_table(data)
     print(f"wall time {data['wall_s']:.0f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(data, indent=2))
-    tmp_out.replace(args.out)  # never leave a half-written result behind
-    print(f"wrote {args.out}")
+    write_results(data, args.out)
 
 
 if __name__ == "__main__":

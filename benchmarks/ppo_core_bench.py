@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from _results import RESULTS_DIR, write_results
 
 import ppo_core
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "ppo_core_bench.json"
+RESULTS = RESULTS_DIR / "ppo_core_bench.json"
 
 
 def load_reference():
@@ -126,15 +126,9 @@ def main() -> None:
     print("| function     |     B |     T | vectorized ms | reference ms |  speedup |")
     print("|--------------|-------|-------|---------------|--------------|----------|")
     rows = run(sizes, args.repeats, args.reference_repeats)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(
-            {"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, indent=2
-        )
+    write_results(
+        {"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, args.out
     )
-    tmp.replace(args.out)  # never leave a half-written result behind
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ Prints a markdown table and writes ``benchmarks/results/rollout_bench.json`` (at
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -39,12 +38,13 @@ import time
 from pathlib import Path
 
 import torch
+from _results import RESULTS_DIR, write_results
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rollout import HFEngine, HFEngineConfig, SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "rollout_bench.json"
+RESULTS = RESULTS_DIR / "rollout_bench.json"
 EOS, PAD = 1, 0
 
 
@@ -208,11 +208,7 @@ def main() -> None:
     result["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     print_table(result, args)
     print(f"\nwall {result['wall_s']:.0f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(args.out)  # never leave a half-written result behind
-    print(f"wrote {args.out}")
+    write_results(result, args.out)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ def main(out_dir: Path) -> None:
         steps += 1
     result = {"own": len(own), "synced": synced, "steps": steps, "sums": list(plan.token_sums)}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    # Both ranks done talking before teardown: a rank tearing gloo down while its peer
+    # is still busy aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -116,4 +116,7 @@ if __name__ == "__main__":
     dist.init_process_group("gloo")
     phase, strategy, root = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     {"save": phase_save, "resume": phase_resume}[phase](strategy, root)
+    # Both ranks done talking before teardown: a rank tearing gloo down while its peer
+    # is still busy aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()

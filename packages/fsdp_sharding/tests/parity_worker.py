@@ -107,6 +107,9 @@ def main(out: Path) -> None:
                 results[key] = run_variant(make_model, strategy, overrides, rank)
     if rank == 0:
         out.write_text(json.dumps(results, indent=1))
+    # Both ranks done talking before teardown: a rank tearing gloo down while its peer
+    # is still busy aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

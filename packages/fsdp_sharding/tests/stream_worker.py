@@ -68,6 +68,9 @@ def main(out: Path) -> None:
                 }
             )
         )
+    # Both ranks done talking before teardown: a rank tearing gloo down while its peer
+    # is still busy aborted once ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

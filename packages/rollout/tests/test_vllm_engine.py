@@ -22,7 +22,8 @@ def setup(tmp_path_factory):
     model = tiny_model(tie=True)
     path = tmp_path_factory.mktemp("tiny")
     model.save_pretrained(path)
-    engine = VLLMEngine(path, VLLMConfig(kv_cache_space_gib=0.25, max_model_len=512))
+    config = VLLMConfig(kv_cache_space_gib=0.25, max_model_len=512, disable_log_stats=False)
+    engine = VLLMEngine(path, config)
     yield model, engine
     engine.close()
 
@@ -56,7 +57,9 @@ def test_sampled_logprobs_equal_the_hf_model(setup) -> None:
     assert {s.policy_version for s in batch.samples} == {engine.policy_version}
     assert all(len(s.logprobs) == len(s.response_token_ids) for s in batch.samples)
     assert_logprobs_match(model, batch, PROMPTS)
-    assert engine.stats()["tokens_per_s"] > 0
+    stats = engine.stats()
+    assert stats["tokens_per_s"] > 0 and stats["generated_tokens"] >= 12
+    assert 0.0 <= stats["kv_cache_usage"] <= 1.0  # reported because disable_log_stats=False
 
 
 def test_greedy_matches_the_hf_engine(setup) -> None:
