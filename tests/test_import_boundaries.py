@@ -24,6 +24,7 @@ ALLOWED = {
     "klppo_train": {
         "omegaconf",
         "pyarrow",
+        "tokenizers",
         "torch",
         "numpy",
         "transformers",

@@ -1,6 +1,7 @@
 """FSDP2 and FSDP1 on 2 gloo ranks train exactly like one unsharded process, for every lever."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ def torchrun(script: str, *args: str, timeout: int = 300) -> None:
         str(HERE / script),
         *args,
     ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    # faulthandler: a crashing rank prints its Python stack into the assertion message
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
 
 

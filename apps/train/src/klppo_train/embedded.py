@@ -1,0 +1,120 @@
+"""The embedded default's model: a tiny Qwen2 and a character tokenizer, made locally.
+
+No model hub is reachable, so the default recipe builds its own: a character-level tokenizer
+over printable ASCII (with a chat template) and a randomly initialised Qwen2-style model,
+then teaches it the arithmetic task's format with a short supervised warm-up so that PPO
+starts with headroom (neither 0 % nor 100 % accuracy). The result is cached in the run
+directory and reused.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD, EOS, UNK = "[PAD]", "[EOS]", "[UNK]"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character (+ newline); [PAD]=0, [EOS]=1, [UNK]=2."""
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for char in [chr(i) for i in range(32, 127)] + ["\n"]:
+        vocab[char] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token=UNK, pad_token=PAD, eos_token=EOS
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2) -> Qwen2ForCausalLM:
+    """A Qwen2-style model; head_dim 32 because vLLM's CPU attention refuses smaller heads."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=max(1, hidden // 64),
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def supervised_batch(tokenizer, rows: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
+    """Right-padded prompt+answer+EOS ids, attention mask, and labels on the answer only."""
+    sequences, label_masks = [], []
+    for row in rows:
+        prompt = tokenizer.apply_chat_template(
+            row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        answer = tokenizer(row["reward_model"]["ground_truth"], add_special_tokens=False)[
+            "input_ids"
+        ]
+        sequences.append([*prompt, *answer, tokenizer.eos_token_id])
+        label_masks.append([0] * len(prompt) + [1] * (len(answer) + 1))
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100)
+    for i, (seq, lab) in enumerate(zip(sequences, label_masks, strict=True)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        labels[i, : len(seq)] = torch.where(torch.tensor(lab) == 1, torch.tensor(seq), -100)
+    return ids, mask, labels
+
+
+def warm_up(
+    model,
+    tokenizer,
+    rows: Sequence[dict[str, Any]],
+    steps: int,
+    *,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Supervised steps on (prompt → answer + EOS); returns the losses."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        pick = torch.randint(len(rows), (batch_size,), generator=generator).tolist()
+        ids, mask, labels = supervised_batch(tokenizer, [rows[i] for i in pick])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def save_atomically(model, tokenizer, path: Path) -> Path:
+    """``save_pretrained`` both into a temporary sibling, then rename into place."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
