@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, EOS, UNK = "[PAD]", "[EOS]", "[UNK]"
@@ -32,6 +32,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         vocab[char] = len(vocab)
     backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()  # characters join without the WordLevel default spaces
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, unk_token=UNK, pad_token=PAD, eos_token=EOS
     )

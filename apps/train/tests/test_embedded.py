@@ -1,0 +1,64 @@
+"""The embedded default's tokenizer and model: real objects, saved and reloaded."""
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from klppo_train.embedded import (
+    build_model,
+    build_tokenizer,
+    save_atomically,
+    supervised_batch,
+    warm_up,
+)
+from klppo_train.tasks import make_arithmetic_rows
+
+ROW = make_arithmetic_rows(1, seed=0)[0]
+
+
+def test_tokenizer_is_one_token_per_character_with_a_chat_template() -> None:
+    tok = build_tokenizer()
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    text = tok.apply_chat_template(ROW["prompt"], add_generation_prompt=True, tokenize=False)
+    assert text == f"user: {ROW['prompt'][0]['content']}\nassistant: "
+    ids = tok.apply_chat_template(
+        ROW["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert len(ids) == len(text) and tok.decode(ids) == text
+
+
+def test_supervised_batch_labels_only_the_answer_and_eos() -> None:
+    tok = build_tokenizer()
+    rows = make_arithmetic_rows(3, seed=0)
+    ids, mask, labels = supervised_batch(tok, rows)
+    for i, row in enumerate(rows):
+        answer = row["reward_model"]["ground_truth"]
+        labelled = labels[i][labels[i] != -100].tolist()
+        assert tok.decode(labelled[:-1]) == answer and labelled[-1] == tok.eos_token_id
+        assert mask[i].sum() == len(labels[i][: int(mask[i].sum())])
+        # labels sit on the last len(answer) + 1 valid positions
+        end = int(mask[i].sum())
+        assert (labels[i][end - len(answer) - 1 : end] != -100).all()
+
+
+def test_model_shape_suits_vllm_cpu() -> None:
+    model = build_model(vocab_size=len(build_tokenizer()), seed=0)
+    config = model.config
+    assert config.hidden_size // config.num_attention_heads == 32  # vLLM CPU needs >= 32
+    assert not config.tie_word_embeddings and config.eos_token_id == 1
+
+
+def test_warm_up_lowers_the_loss_and_saves_atomically(tmp_path: Path) -> None:
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=0)
+    losses = warm_up(model, tok, make_arithmetic_rows(64, seed=0), steps=30, batch_size=16)
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+    path = save_atomically(model, tok, tmp_path / "model")
+    assert not (tmp_path / "model.tmp").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(path)
+    for (name, a), (_, b) in zip(
+        model.named_parameters(), reloaded.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert AutoTokenizer.from_pretrained(path).chat_template == tok.chat_template
