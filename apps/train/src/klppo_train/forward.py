@@ -1,0 +1,135 @@
+"""Per-token log-probs of responses: token-budget micro-batches, packed, in input order.
+
+The layout is verl's: ``input_ids`` ``[B, P + T]`` = left-padded prompts ``[B, P]`` followed
+by right-padded responses ``[B, T]``, with one ``attention_mask``. Each micro-batch (at most
+``max_tokens`` valid tokens, :func:`batching.token_budget_micro_batches`) is packed into one
+row without padding (:func:`batching.pack`; the HF model builds the block-diagonal mask from
+the restarting position ids), and the results come back ``[B, T]`` in the input order.
+Actor, reference and (with a value head instead of log-probs) critic all use this path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from batching import (
+    Packing,
+    next_token_labels,
+    pack,
+    restore_order,
+    token_budget_micro_batches,
+    unpack,
+)
+from ppo_core import entropy_from_logits, logprobs_from_logits
+
+PackedFn = Callable[[nn.Module, Packing], tuple[torch.Tensor, ...]]
+
+
+def per_response_token(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    compute: PackedFn,
+    *,
+    max_tokens: int,
+    num_micro_batches: int | None = None,
+) -> list[torch.Tensor]:
+    """Run ``compute(model, packing) -> packed [nnz] tensors`` per micro-batch; return each
+    output as ``[B, T]``: the value at the position *before* each response token (the one
+    that predicts it), in the input order."""
+    lengths = attention_mask.sum(-1)
+    plan = token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
+    outputs: list[list[torch.Tensor]] = []
+    for members in plan.micro_batches:
+        rows = torch.tensor(members, device=input_ids.device)
+        packing = pack(input_ids[rows], attention_mask[rows])
+        outputs.append([unpack(t, packing) for t in compute(model, packing)])
+    # Position s predicts token s + 1: responses start at column P, so their values sit at
+    # columns P - 1 .. P + T - 2.
+    start = input_ids.shape[1] - response_length - 1
+    return [
+        restore_order([o[k] for o in outputs], plan)[:, start : start + response_length]
+        for k in range(len(outputs[0]))
+    ]
+
+
+def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
+    def compute(model: nn.Module, packing: Packing) -> tuple[torch.Tensor, ...]:
+        logits = model(**packing.model_kwargs()).logits  # [1, nnz, V]
+        labels, _ = next_token_labels(packing)
+        logprobs = logprobs_from_logits(logits, labels, temperature)[0]
+        if not with_entropy:
+            return (logprobs,)
+        return logprobs, entropy_from_logits(logits / temperature)[0]
+
+    return compute
+
+
+def _values(model: nn.Module, packing: Packing) -> tuple[torch.Tensor]:
+    return (model(**packing.model_kwargs()).logits[0, :, 0].float(),)  # [nnz] from [1, nnz, 1]
+
+
+def response_values(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    *,
+    max_tokens: int,
+    num_micro_batches: int | None = None,
+) -> torch.Tensor:
+    """Critic values ``[B, T]`` (a token-classification model with one label), V of the state
+    before each response token; same micro-batching and packing as :func:`response_logprobs`."""
+    (values,) = per_response_token(
+        model,
+        input_ids,
+        attention_mask,
+        response_length,
+        _values,
+        max_tokens=max_tokens,
+        num_micro_batches=num_micro_batches,
+    )
+    return values
+
+
+def response_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    *,
+    max_tokens: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    num_micro_batches: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(response token | everything before it), and optionally the entropy there.
+
+    Args:
+        model: a causal LM (plain or FSDP-sharded) taking ``input_ids``/``position_ids``.
+        input_ids: ``[B, P + T]`` prompt (left-padded) + response (right-padded).
+        attention_mask: ``[B, P + T]``.
+        response_length: T.
+        max_tokens: per micro-batch token budget (e.g. ``log_prob_max_token_len_per_gpu``).
+        temperature: divide the logits by it (the sampling temperature).
+        with_entropy: also return the entropy of each response position's distribution.
+        num_micro_batches: force this count (after ``batching.sync_num_micro_batches``).
+
+    Returns:
+        ``(logprobs [B, T], entropy [B, T] or None)``; values at response padding are not
+        meaningful (mask them with the response mask). Differentiable.
+    """
+    outputs = per_response_token(
+        model,
+        input_ids,
+        attention_mask,
+        response_length,
+        _logprobs_fn(temperature, with_entropy),
+        max_tokens=max_tokens,
+        num_micro_batches=num_micro_batches,
+    )
+    return outputs[0], outputs[1] if with_entropy else None
