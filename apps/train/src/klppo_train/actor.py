@@ -1,23 +1,16 @@
-"""One optimizer step of the actor on one mini-batch: micro-batched, exact global token-mean.
-
-Each micro-batch's loss is its *share* of the loss over the whole mini-batch on all
-data-parallel ranks (``ppo_core`` global counts), so accumulating micro-batch gradients and
-averaging over ranks gives exactly the gradient of the full mini-batch loss, however the
-micro-batches are cut. All ranks run the same number of micro-batches (FSDP collectives).
-"""
+"""The actor's loss on one micro-batch (clipped policy loss, entropy bonus, KL loss) and its
+optimizer step (micro-batching and exact global-mean shares: :mod:`klppo_train.update`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from batching import sync_num_micro_batches, token_budget_micro_batches
-from fsdp_sharding import clip_grad_norm
 from klppo_train.config import ActorConfig
 from klppo_train.forward import response_logprobs
+from klppo_train.update import micro_batch_step
 from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss
 
 
@@ -31,17 +24,6 @@ class PolicyBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
-
-    def rows(self, index: torch.Tensor) -> PolicyBatch:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return PolicyBatch(**{k: None if v is None else v[index] for k, v in values.items()})
-
-
-def _dp_sum(value: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        value = value.clone()
-        dist.all_reduce(value)
-    return value
 
 
 def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, temperature: float):
@@ -88,34 +70,13 @@ def actor_update_step(
     *,
     temperature: float = 1.0,
 ) -> dict[str, float]:
-    """Forward/backward every micro-batch of ``batch`` (this rank's part of one mini-batch),
-    clip, and step. Returns ``actor/*`` metrics (token-weighted over micro-batches)."""
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    mask = batch.response_mask
-    counts = {
-        "global_num_tokens": _dp_sum(mask.sum()),
-        "global_num_seqs": _dp_sum((mask.sum(-1) > 0).sum()),
-        "dp_size": world,
-    }
-    lengths = batch.attention_mask.sum(-1)
-    plan = token_budget_micro_batches(lengths, cfg.ppo_max_token_len_per_gpu)
-    plan = token_budget_micro_batches(
-        lengths, cfg.ppo_max_token_len_per_gpu, num_micro_batches=sync_num_micro_batches(len(plan))
+    """One optimizer step on this rank's part of a mini-batch; ``actor/*`` metrics."""
+    return micro_batch_step(
+        model,
+        optimizer,
+        batch,
+        lambda m, mb, counts: _micro_batch_loss(m, mb, cfg, counts, temperature),
+        max_tokens=cfg.ppo_max_token_len_per_gpu,
+        grad_clip=cfg.grad_clip,
+        prefix="actor",
     )
-    totals: dict[str, float] = {}
-    for members in plan.micro_batches:
-        mb = batch.rows(torch.tensor(members, device=mask.device))
-        loss, metrics = _micro_batch_loss(model, mb, cfg, counts, temperature)
-        loss.backward()
-        # pg_loss values are shares of the global mean: they add up. The other metrics are
-        # micro-batch means: weight them by tokens.
-        weight = float(mb.response_mask.sum()) / max(float(mask.sum()), 1.0)
-        for name, value in metrics.items():
-            share = 1.0 if name == "pg_loss" else weight
-            totals[f"actor/{name}"] = totals.get(f"actor/{name}", 0.0) + share * float(value)
-    grad_norm = clip_grad_norm(model, cfg.grad_clip)
-    if torch.isfinite(grad_norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    totals["actor/grad_norm"] = float(grad_norm)
-    return totals

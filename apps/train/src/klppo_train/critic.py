@@ -1,0 +1,61 @@
+"""The critic's clipped value loss on one micro-batch and its optimizer step (micro-batching
+and exact global-mean shares: :mod:`klppo_train.update`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from klppo_train.config import CriticConfig
+from klppo_train.forward import response_values
+from klppo_train.update import micro_batch_step
+from ppo_core import value_loss
+
+
+@dataclass(frozen=True)
+class ValueBatch:
+    """Tensors of the samples one rank trains the critic on (``[B, P + T]`` and ``[B, T]``)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    old_values: torch.Tensor
+    returns: torch.Tensor
+
+
+def _micro_batch_loss(model: nn.Module, mb: ValueBatch, cfg: CriticConfig, counts: dict):
+    budget = int(mb.attention_mask.sum())  # the whole micro-batch in one packed row
+    values = response_values(
+        model,
+        mb.input_ids,
+        mb.attention_mask,
+        mb.response_mask.shape[1],
+        max_tokens=budget,
+        num_micro_batches=1,
+    )
+    return value_loss(
+        values,
+        mb.old_values,
+        mb.returns,
+        mb.response_mask,
+        clip_range=cfg.cliprange_value,
+        agg_mode=cfg.loss_agg_mode,
+        **counts,
+    )
+
+
+def critic_update_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: ValueBatch, cfg: CriticConfig
+) -> dict[str, float]:
+    """One optimizer step on this rank's part of a mini-batch; ``critic/*`` metrics."""
+    return micro_batch_step(
+        model,
+        optimizer,
+        batch,
+        lambda m, mb, counts: _micro_batch_loss(m, mb, cfg, counts),
+        max_tokens=cfg.ppo_max_token_len_per_gpu,
+        grad_clip=cfg.grad_clip,
+        prefix="critic",
+    )

@@ -1,0 +1,83 @@
+"""One optimizer step over token-budget micro-batches, shared by the actor and the critic.
+
+Each micro-batch's loss is its *share* of the loss over the whole mini-batch on all
+data-parallel ranks (``ppo_core`` global counts), so accumulating micro-batch gradients and
+averaging over ranks gives exactly the gradient of the full mini-batch loss, however the
+micro-batches are cut. All ranks run the same number of micro-batches (FSDP collectives).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from batching import sync_num_micro_batches, token_budget_micro_batches
+from fsdp_sharding import clip_grad_norm
+
+# Loss metrics that are shares of the global mean: they add up over micro-batches.
+SHARE_METRICS = ("pg_loss", "vf_loss")
+MicroLoss = Callable[[nn.Module, Any, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def select_rows(batch: Any, index: torch.Tensor) -> Any:
+    """The same dataclass with every tensor field indexed by ``index`` (None stays None)."""
+    values = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return replace(batch, **{k: v[index] for k, v in values.items() if v is not None})
+
+
+def _dp_sum(value: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        value = value.clone()
+        dist.all_reduce(value)
+    return value
+
+
+def global_counts(response_mask: torch.Tensor) -> dict[str, Any]:
+    """Valid tokens and sequences of the mini-batch over all ranks, for ``ppo_core`` losses."""
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return {
+        "global_num_tokens": _dp_sum(response_mask.sum()),
+        "global_num_seqs": _dp_sum((response_mask.sum(-1) > 0).sum()),
+        "dp_size": world,
+    }
+
+
+def micro_batch_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    micro_loss: MicroLoss,
+    *,
+    max_tokens: int,
+    grad_clip: float,
+    prefix: str,
+) -> dict[str, float]:
+    """Backward every micro-batch of ``batch`` (fields ``attention_mask``, ``response_mask``),
+    clip, step (skipped on a non-finite norm); ``{prefix}/*`` metrics, token-weighted."""
+    mask = batch.response_mask
+    counts = global_counts(mask)
+    lengths = batch.attention_mask.sum(-1)
+    planned = len(token_budget_micro_batches(lengths, max_tokens))
+    plan = token_budget_micro_batches(
+        lengths, max_tokens, num_micro_batches=sync_num_micro_batches(planned)
+    )
+    totals: dict[str, float] = {}
+    for members in plan.micro_batches:
+        mb = select_rows(batch, torch.tensor(members, device=mask.device))
+        loss, metrics = micro_loss(model, mb, counts)
+        loss.backward()
+        weight = float(mb.response_mask.sum()) / max(float(mask.sum()), 1.0)
+        for name, value in metrics.items():
+            share = 1.0 if name in SHARE_METRICS else weight
+            totals[f"{prefix}/{name}"] = totals.get(f"{prefix}/{name}", 0.0) + share * float(value)
+    grad_norm = clip_grad_norm(model, grad_clip)
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    totals[f"{prefix}/grad_norm"] = float(grad_norm)
+    return totals
