@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from train_testing import prompt_response_batch
 
 from klppo_train.actor import PolicyBatch, actor_update_step
 from klppo_train.config import ActorConfig
@@ -16,12 +17,9 @@ P, T, VOCAB = 5, 4, 64
 
 def make_batch() -> PolicyBatch:
     gen = torch.Generator().manual_seed(0)
-    prompt_lens, response_lens = [5, 2, 4, 3, 5, 1], [4, 1, 3, 2, 4, 2]
-    ids = torch.zeros(6, P + T, dtype=torch.long)
-    mask = torch.zeros(6, P + T, dtype=torch.long)
-    for row, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        ids[row, P - p : P + r] = torch.randint(3, VOCAB, (p + r,), generator=gen)
-        mask[row, P - p : P + r] = 1
+    ids, mask = prompt_response_batch(
+        [5, 2, 4, 3, 5, 1], [4, 1, 3, 2, 4, 2], P, T, VOCAB, generator=gen
+    )
     with torch.no_grad():
         current, _ = response_logprobs(
             build_model(VOCAB, seed=0, hidden=64), ids, mask, T, max_tokens=1000

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from train_testing import prompt_response_batch
 from transformers import Qwen2ForTokenClassification
 
 from klppo_train.config import CriticConfig
@@ -25,12 +26,9 @@ def critic(seed: int = 1) -> Qwen2ForTokenClassification:
 
 def make_batch() -> ValueBatch:
     gen = torch.Generator().manual_seed(0)
-    prompt_lens, response_lens = [5, 2, 4, 3, 5, 1], [4, 1, 3, 2, 4, 2]
-    ids = torch.zeros(6, P + T, dtype=torch.long)
-    mask = torch.zeros(6, P + T, dtype=torch.long)
-    for row, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        ids[row, P - p : P + r] = torch.randint(3, VOCAB, (p + r,), generator=gen)
-        mask[row, P - p : P + r] = 1
+    ids, mask = prompt_response_batch(
+        [5, 2, 4, 3, 5, 1], [4, 1, 3, 2, 4, 2], P, T, VOCAB, generator=gen
+    )
     with torch.no_grad():
         values = response_values(critic(), ids, mask, T, max_tokens=1000)
     return ValueBatch(

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from train_testing import prompt_response_batch
 
 from klppo_train.embedded import build_model
 from klppo_train.forward import response_logprobs, response_values
@@ -10,13 +11,7 @@ P, T, VOCAB = 6, 5, 64
 
 
 def batch():
-    gen = torch.Generator().manual_seed(0)
-    prompt_lens, response_lens = [6, 3, 4, 1, 5], [5, 2, 0, 4, 3]
-    ids = torch.zeros(5, P + T, dtype=torch.long)
-    mask = torch.zeros(5, P + T, dtype=torch.long)
-    for row, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        ids[row, P - p : P + r] = torch.randint(3, VOCAB, (p + r,), generator=gen)
-        mask[row, P - p : P + r] = 1
+    ids, mask = prompt_response_batch([6, 3, 4, 1, 5], [5, 2, 0, 4, 3], P, T, VOCAB)
     return ids, mask, mask[:, P:]
 
 
