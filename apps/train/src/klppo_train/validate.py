@@ -11,6 +11,7 @@ import torch
 from batching import check_token_budgets
 from fsdp_sharding import MixedPrecision, ShardingConfig
 from klppo_train.config import AppConfig, FsdpConfig
+from klppo_train.schedule import SCHEDULES
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
 from rollout import SamplingConfig
 
@@ -22,7 +23,7 @@ CHOICES = {
     "actor.loss_agg_mode": LOSS_AGG_MODES,
     "critic.loss_agg_mode": LOSS_AGG_MODES,
     "actor.kl_loss_type": KL_ESTIMATORS,
-    "actor.lr_scheduler": ("constant", "cosine"),
+    "actor.lr_scheduler": SCHEDULES,
     "rollout.engine": ("vllm", "hf"),
 }
 
