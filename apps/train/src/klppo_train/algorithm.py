@@ -1,0 +1,85 @@
+"""Rewards → advantages, as the config's algorithm section says (all math from ``ppo_core``).
+
+Order (verl's): optional KL penalty in the reward (``use_kl_in_reward``, with the fixed or
+adaptive controller), then the advantage estimator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from klppo_train.config import AlgorithmConfig
+from ppo_core import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_gae,
+    compute_grpo_advantages,
+    compute_reinforce_pp_advantages,
+    compute_rloo_advantages,
+    masked_mean,
+)
+
+
+def make_kl_controller(cfg: AlgorithmConfig) -> FixedKLController | AdaptiveKLController:
+    ctl = cfg.kl_ctrl
+    if ctl.type == "adaptive":
+        return AdaptiveKLController(ctl.kl_coef, ctl.target_kl, ctl.horizon)
+    return FixedKLController(ctl.kl_coef)
+
+
+def kl_in_reward(
+    token_scores: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: AlgorithmConfig,
+    controller,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """r = s − β·KL, then the controller moves β by this batch's KL (n_steps = its samples)."""
+    rewards, metrics = apply_kl_penalty(
+        token_scores, old_logprobs, ref_logprobs, response_mask, controller.value, cfg.kl_penalty
+    )
+    controller.update(metrics["kl"], n_steps=token_scores.shape[0])
+    return rewards, {
+        "actor/reward_kl_penalty": float(metrics["kl"]),
+        "actor/reward_kl_penalty_coeff": float(metrics["kl_coef"]),
+    }
+
+
+def advantages_and_returns(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    cfg: AlgorithmConfig,
+    *,
+    values: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
+):
+    """``(advantages, returns)`` ``[N, T]`` by ``cfg.adv_estimator``; GRPO/RLOO score each
+    sequence by its summed token rewards and need ``group_ids`` (the prompt of each sample)."""
+    name = cfg.adv_estimator
+    if name == "gae":
+        if values is None:
+            raise ValueError("algorithm.adv_estimator=gae needs critic values")
+        return compute_gae(token_rewards, values, response_mask, cfg.gamma, cfg.lam)
+    if name == "reinforce_plus_plus":
+        return compute_reinforce_pp_advantages(token_rewards, response_mask, cfg.gamma)
+    if group_ids is None:
+        raise ValueError(f"algorithm.adv_estimator={name} needs the prompt index of each sample")
+    scores = (token_rewards * response_mask).sum(-1)
+    if name == "grpo":
+        return compute_grpo_advantages(
+            scores, group_ids, response_mask, norm_by_std=cfg.norm_adv_by_std_in_grpo
+        )
+    return compute_rloo_advantages(scores, group_ids, response_mask)
+
+
+def advantage_metrics(
+    advantages: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    valid = response_mask.bool()
+    return {
+        "critic/advantages/mean": float(masked_mean(advantages, response_mask)),
+        "critic/advantages/max": float(advantages[valid].max()) if valid.any() else 0.0,
+        "critic/returns/mean": float(masked_mean(returns, response_mask)),
+    }
