@@ -1,0 +1,172 @@
+"""One PPO step, in numbered stages, over components built elsewhere and passed in.
+
+generate → old log-probs → ref log-probs → values → scores → KL in reward → advantages →
+critic update → actor update → weight sync → metrics. Every stage is timed
+(``timing_s/<stage>``). Single process here; the same stages run per rank under torchrun
+once the workers are sharded (issue 6, next part).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from klppo_train.actor import PolicyBatch, actor_update_step
+from klppo_train.algorithm import advantage_metrics, advantages_and_returns, kl_in_reward
+from klppo_train.batch import RolloutTensors, rollout_tensors
+from klppo_train.config import AppConfig
+from klppo_train.critic import ValueBatch, critic_update_step
+from klppo_train.data import PromptItem
+from klppo_train.forward import response_logprobs, response_values
+from klppo_train.rewards import RewardManager
+from klppo_train.update import select_rows
+from klppo_train.validate import sampling_config
+from ppo_core import masked_mean
+from rollout import RolloutEngine, logprob_mismatch
+
+
+@dataclass
+class Components:
+    """Everything a step touches, built once by the app (constructor injection)."""
+
+    actor: nn.Module
+    actor_optimizer: torch.optim.Optimizer
+    engine: RolloutEngine
+    tokenizer: Any
+    rewards: RewardManager
+    kl_controller: Any
+    ref: nn.Module | None = None
+    critic: nn.Module | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def timed(c: Components, stage: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    c.timings[f"timing_s/{stage}"] = time.perf_counter() - start
+
+
+def score_responses(c: Components, items: Sequence[PromptItem], t: RolloutTensors) -> torch.Tensor:
+    """Sequence scores on the last response token (``[N, T]``)."""
+    scores = []
+    for row, index in enumerate(t.prompt_index.tolist()):
+        ids = t.response_ids[row][t.response_mask[row].bool()].tolist()
+        text = c.tokenizer.decode(ids, skip_special_tokens=True)
+        item = items[index]
+        scores.append(c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info))
+    return RewardManager.token_scores(t.response_ids, t.response_mask, scores)
+
+
+def _mini_batches(num_rows: int, rows_per_mini: int, seed: int) -> list[torch.Tensor]:
+    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed))
+    return [order[i : i + rows_per_mini] for i in range(0, num_rows, rows_per_mini)]
+
+
+def _epochs(update, batch, epochs: int, rows_per_mini: int, seed: int) -> dict[str, float]:
+    """Run ``update`` over shuffled mini-batches for ``epochs``; average the metrics."""
+    sums: dict[str, float] = {}
+    steps = 0
+    for epoch in range(epochs):
+        for rows in _mini_batches(batch.response_mask.shape[0], rows_per_mini, seed + epoch):
+            for name, value in update(select_rows(batch, rows)).items():
+                sums[name] = sums.get(name, 0.0) + value
+            steps += 1
+    return {name: value / steps for name, value in sums.items()}
+
+
+def ppo_step(
+    c: Components, items: Sequence[PromptItem], cfg: AppConfig, *, step: int, version: int
+) -> dict[str, float]:
+    """Train on one batch of prompts; the engine ends up holding weights ``version``."""
+    c.timings.clear()
+    n, T, temperature = cfg.rollout.n, cfg.rollout.response_length, cfg.rollout.temperature
+    with timed(c, "gen"):
+        batch = c.engine.generate([list(i.prompt_ids) for i in items], sampling_config(cfg))
+        t = rollout_tensors(
+            [i.prompt_ids for i in items],
+            batch,
+            pad_token_id=c.tokenizer.pad_token_id,
+            response_length=T,
+        )
+    forward = {"max_tokens": cfg.ref.log_prob_max_token_len_per_gpu}
+    with timed(c, "old_log_prob"), torch.no_grad():
+        old, _ = response_logprobs(
+            c.actor, t.input_ids, t.attention_mask, T, temperature=temperature, **forward
+        )
+    ref = None
+    if c.ref is not None:
+        with timed(c, "ref"), torch.no_grad():
+            ref, _ = response_logprobs(
+                c.ref, t.input_ids, t.attention_mask, T, temperature=temperature, **forward
+            )
+    values = None
+    if c.critic is not None:
+        with timed(c, "values"), torch.no_grad():
+            values = response_values(
+                c.critic,
+                t.input_ids,
+                t.attention_mask,
+                T,
+                max_tokens=cfg.critic.ppo_max_token_len_per_gpu,
+            )
+    metrics: dict[str, float] = {}
+    with timed(c, "adv"):
+        scores = score_responses(c, items, t)
+        rewards = scores
+        if cfg.algorithm.use_kl_in_reward and ref is not None:
+            rewards, kl_metrics = kl_in_reward(
+                scores, old, ref, t.response_mask, cfg.algorithm, c.kl_controller
+            )
+            metrics.update(kl_metrics)
+        advantages, returns = advantages_and_returns(
+            rewards, t.response_mask, cfg.algorithm, values=values, group_ids=t.prompt_index
+        )
+    if c.critic is not None and values is not None:
+        with timed(c, "update_critic"):
+            vbatch = ValueBatch(t.input_ids, t.attention_mask, t.response_mask, values, returns)
+            metrics.update(
+                _epochs(
+                    lambda mb: critic_update_step(c.critic, c.critic_optimizer, mb, cfg.critic),
+                    vbatch,
+                    cfg.critic.ppo_epochs,
+                    cfg.critic.ppo_mini_batch_size * n,
+                    step,
+                )
+            )
+    with timed(c, "update_actor"):
+        pbatch = PolicyBatch(t.input_ids, t.attention_mask, t.response_mask, old, advantages, ref)
+        metrics.update(
+            _epochs(
+                lambda mb: actor_update_step(
+                    c.actor, c.actor_optimizer, mb, cfg.actor, temperature=temperature
+                ),
+                pbatch,
+                cfg.actor.ppo_epochs,
+                cfg.actor.ppo_mini_batch_size * n,
+                step,
+            )
+        )
+    with timed(c, "update_weights"):
+        c.engine.update_weights(c.actor.named_parameters(), version=version)
+    mask = t.response_mask
+    metrics.update(advantage_metrics(advantages, returns, mask))
+    metrics.update({k: float(v) for k, v in logprob_mismatch(t.engine_logprobs, old, mask).items()})
+    metrics.update(c.rewards.metrics(reset=True))
+    metrics.update(
+        {
+            "critic/score/mean": float((scores * mask).sum(-1).mean()),
+            "response_length/mean": float(mask.sum(-1).float().mean()),
+            "actor/policy_version_sampled": float(t.policy_version),
+            "actor/entropy_rollout": float(masked_mean(-t.engine_logprobs, mask)),
+        }
+    )
+    metrics.update(c.timings)
+    return metrics
