@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config import load_config, to_yaml
+from klppo_train.run import train
 from klppo_train.validate import validate_config
 
 log = logging.getLogger("klppo_train")
@@ -23,10 +25,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in advice:
         log.info("token budgets: %s", line)
+    print(versions())
     if args.print_config:
         print(to_yaml(config))
-    print(versions())
-    print("config is valid; the PPO loop itself lands with issue 6 (see the issue notes)")
+        return 0
+    summary = train(config)
+    print(json.dumps(summary, indent=2))
     return 0
 
 

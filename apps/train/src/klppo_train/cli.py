@@ -25,7 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("recipe", nargs="?", help="YAML recipe (default: the embedded default)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
     args = parser.parse_args(argv)
     if args.recipe and "=" in args.recipe:  # no recipe given, only overrides
         args.overrides.insert(0, args.recipe)

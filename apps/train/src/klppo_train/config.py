@@ -27,6 +27,7 @@ class ModelConfig:
 
     path: str = ""
     dtype: str = "float32"
+    warmup_steps: int = 250  # embedded model only: supervised steps before PPO
     gradient_checkpointing: bool = False
 
 
