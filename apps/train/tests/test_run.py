@@ -2,7 +2,12 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from klppo_train.__main__ import main
 
@@ -19,6 +24,7 @@ def overrides(run: Path) -> list[str]:
         "trainer.total_training_steps=2",
         "trainer.test_freq=1",
         "data.train_batch_size=8",
+        "rollout.engine=hf",
     ]
 
 
@@ -48,3 +54,26 @@ def test_default_recipe_runs_end_to_end(tmp_path: Path, capsys) -> None:
     stamp = weights.stat().st_mtime_ns
     assert main(overrides(run)) == 0
     assert weights.stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow  # starts vLLM (own process: vLLM patches process-wide torch settings)
+def test_default_recipe_with_vllm(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [a for a in overrides(run) if a != "rollout.engine=hf"] + ["rollout.engine=vllm"]
+    env = {
+        **os.environ,
+        "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", "/tmp/klppo_vllm_cache"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "klppo_train", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    # vLLM's sampling log-probs are the trainer's (fp32 on CPU, same weights after each sync)
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records[1:])
+    assert records[2]["actor/policy_version_sampled"] == 1
