@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from klppo_train.embedded import (
     build_model,
     build_tokenizer,
+    load_tokenizer,
     save_atomically,
     supervised_batch,
     warm_up,
@@ -61,4 +62,15 @@ def test_warm_up_lowers_the_loss_and_saves_atomically(tmp_path: Path) -> None:
         model.named_parameters(), reloaded.named_parameters(), strict=True
     ):
         assert torch.equal(a, b), name
-    assert AutoTokenizer.from_pretrained(path).chat_template == tok.chat_template
+    reloaded_tok = load_tokenizer(path)
+    prompt = make_arithmetic_rows(1, seed=3)[0]["prompt"]
+    as_built = tok.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False)
+    assert (
+        reloaded_tok.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False)
+        == as_built
+    )
+    # AutoTokenizer would pick Qwen2Tokenizer by model type and lose the spaces
+    auto = AutoTokenizer.from_pretrained(path)
+    assert (
+        auto.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False) != as_built
+    )

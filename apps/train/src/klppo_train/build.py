@@ -21,7 +21,13 @@ from transformers import (
 from klppo_train.algorithm import make_kl_controller
 from klppo_train.config import AppConfig
 from klppo_train.data import PromptDataset, read_rows, write_parquet
-from klppo_train.embedded import build_model, build_tokenizer, save_atomically, warm_up
+from klppo_train.embedded import (
+    build_model,
+    build_tokenizer,
+    load_tokenizer,
+    save_atomically,
+    warm_up,
+)
 from klppo_train.rewards import RewardManager
 from klppo_train.schedule import make_scheduler
 from klppo_train.step import Components
@@ -111,7 +117,9 @@ def make_schedulers(c: Components, cfg: AppConfig, total_steps: int) -> list:
 def build_components(cfg: AppConfig, run_dir: Path):
     """``(components, train_dataset, val_dataset)``."""
     model_dir = ensure_model_dir(cfg, run_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = (
+        AutoTokenizer.from_pretrained(model_dir) if cfg.model.path else load_tokenizer(model_dir)
+    )
     train = PromptDataset(read_rows(cfg.data.train_files), tokenizer, cfg.data)
     val = PromptDataset(read_rows(cfg.data.val_files), tokenizer, cfg.data)
     actor = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
