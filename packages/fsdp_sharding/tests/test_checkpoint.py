@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_parity import torchrun
+from tiny_models import torchrun
 from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.slow

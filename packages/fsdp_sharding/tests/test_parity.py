@@ -1,31 +1,11 @@
 """FSDP2 and FSDP1 on 2 gloo ranks train exactly like one unsharded process, for every lever."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from tiny_models import torchrun
 
-HERE = Path(__file__).parent
 pytestmark = pytest.mark.slow
-
-
-def torchrun(script: str, *args: str, timeout: int = 300) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        str(HERE / script),
-        *args,
-    ]
-    # faulthandler: a crashing rank prints its Python stack into the assertion message
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE, env=env)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_parity import torchrun
+from tiny_models import torchrun
 
 pytestmark = pytest.mark.slow
 
