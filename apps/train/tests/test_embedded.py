@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klppo_train.embedded import (
+    answer_accuracy,
     build_model,
     build_tokenizer,
     load_tokenizer,
@@ -53,7 +54,9 @@ def test_model_shape_suits_vllm_cpu() -> None:
 def test_warm_up_lowers_the_loss_and_saves_atomically(tmp_path: Path) -> None:
     tok = build_tokenizer()
     model = build_model(len(tok), seed=0)
-    losses = warm_up(model, tok, make_arithmetic_rows(64, seed=0), steps=30, batch_size=16)
+    result = warm_up(model, tok, make_arithmetic_rows(64, seed=0), max_steps=30, batch_size=16)
+    losses = result.losses
+    assert result.steps == len(losses) == 30
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
     path = save_atomically(model, tok, tmp_path / "model")
     assert not (tmp_path / "model.tmp").exists()
@@ -74,3 +77,36 @@ def test_warm_up_lowers_the_loss_and_saves_atomically(tmp_path: Path) -> None:
     assert (
         auto.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False) != as_built
     )
+
+
+def test_answer_accuracy_is_greedy_decoding() -> None:
+    """Teacher-forced argmax accuracy equals what greedy generation actually produces."""
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=0)
+    rows = make_arithmetic_rows(400, seed=0)
+    warm_up(model, tok, rows, max_steps=120, seed=0)
+    eval_rows = make_arithmetic_rows(40, seed=5)
+    hits = 0
+    for row in eval_rows:
+        prompt = tok.apply_chat_template(
+            row["prompt"], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        out = model.generate(
+            **prompt, max_new_tokens=4, do_sample=False, eos_token_id=1, pad_token_id=0
+        )
+        text = tok.decode(out[0, prompt["input_ids"].shape[1] :])
+        hits += text == row["reward_model"]["ground_truth"] + "[EOS]"
+    accuracy = answer_accuracy(model, tok, eval_rows)
+    assert accuracy == hits / len(eval_rows)
+    assert 0 < accuracy < 1  # the comparison is not vacuous
+
+
+def test_warm_up_stops_at_the_target_accuracy() -> None:
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=0)
+    rows = make_arithmetic_rows(400, seed=0)
+    result = warm_up(
+        model, tok, rows, max_steps=300, target_accuracy=0.2, eval_rows=rows[-100:], eval_every=10
+    )
+    assert result.accuracy >= 0.2 and result.steps < 300 and result.steps % 10 == 0
+    assert answer_accuracy(model, tok, rows[-100:]) == result.accuracy

@@ -14,7 +14,7 @@ from klppo_train.rewards import RewardManager
 from klppo_train.step import Components, ppo_step
 from klppo_train.tasks import make_arithmetic_rows
 from klppo_train.validate import validate_config
-from rollout import HFEngine, HFEngineConfig
+from rollout import HFEngine, HFEngineConfig, WeightSync
 
 OVERRIDES = [
     "data.train_batch_size=4",
@@ -48,6 +48,7 @@ def components(tokenizer) -> Components:
         actor=actor,
         actor_optimizer=torch.optim.AdamW(actor.parameters(), lr=cfg.actor.lr),
         engine=engine,
+        weight_sync=WeightSync(actor.named_parameters, engine),
         tokenizer=tokenizer,
         rewards=RewardManager(),
         kl_controller=make_kl_controller(cfg.algorithm),
@@ -85,6 +86,9 @@ def test_two_ppo_steps() -> None:
             "timing_s/gen",
             "timing_s/update_actor",
             "timing_s/update_weights",
+            "timing_s/step",
+            "perf/throughput",
+            "critic/vf_explained_var",
         ):
             assert math.isfinite(metrics[name]), name
     # the engine generated step 2 with the weights synced at the end of step 1 ...

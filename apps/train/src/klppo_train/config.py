@@ -27,7 +27,10 @@ class ModelConfig:
 
     path: str = ""
     dtype: str = "float32"
-    warmup_steps: int = 250  # embedded model only: supervised steps before PPO
+    # Embedded model only: supervised warm-up before PPO, at most ``warmup_steps`` steps,
+    # stopping once greedy accuracy on training rows reaches ``warmup_target_accuracy``.
+    warmup_steps: int = 400
+    warmup_target_accuracy: float = 0.25
     gradient_checkpointing: bool = False
 
 
@@ -141,6 +144,9 @@ class TrainerConfig:
     save_freq: int = 0  # 0 = only at the end
     resume_mode: str = "auto"  # "auto" | "disable" | a checkpoint path
     max_ckpt_to_keep: int = 2
+    # Stop after this step (checkpointing it), keeping the schedule of total_training_steps:
+    # for jobs longer than one allocation; the next launch resumes. 0 = run to the end.
+    stop_at_step: int = 0
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,31 +83,72 @@ def supervised_batch(tokenizer, rows: Sequence[dict[str, Any]]) -> tuple[torch.T
     return ids, mask, labels
 
 
+@torch.no_grad()
+def answer_accuracy(model, tokenizer, rows: Sequence[dict[str, Any]]) -> float:
+    """Fraction of ``rows`` whose greedy continuation is exactly the answer + EOS.
+
+    Teacher-forced argmax at every labelled position: greedy decoding produces the answer iff
+    the argmax matches the answer at each step given the correct prefix — one forward pass
+    instead of a generation loop.
+    """
+    ids, mask, labels = supervised_batch(tokenizer, rows)
+    was_training = model.training
+    model.eval()
+    predicted = model(input_ids=ids, attention_mask=mask).logits[:, :-1].argmax(-1)
+    model.train(was_training)
+    targets = labels[:, 1:]
+    return int(((predicted == targets) | (targets == -100)).all(-1).sum()) / len(rows)
+
+
+@dataclass(frozen=True)
+class WarmUpResult:
+    steps: int
+    losses: list[float]
+    accuracy: float  # answer_accuracy on the held-out rows when the warm-up stopped
+
+
 def warm_up(
     model,
     tokenizer,
     rows: Sequence[dict[str, Any]],
-    steps: int,
+    max_steps: int,
     *,
+    target_accuracy: float = 1.0,
+    eval_rows: Sequence[dict[str, Any]] = (),
+    eval_every: int = 10,
     batch_size: int = 32,
     lr: float = 3e-3,
     seed: int = 0,
-) -> list[float]:
-    """Supervised steps on (prompt → answer + EOS); returns the losses."""
+) -> WarmUpResult:
+    """Supervised steps on (prompt → answer + EOS) until ``answer_accuracy(eval_rows)`` reaches
+    ``target_accuracy`` (checked every ``eval_every`` steps) or ``max_steps`` ran.
+
+    Stopping on accuracy rather than after a fixed count is what makes the PPO phase start
+    with the same headroom for every seed: with a fixed 250 steps, measured starts ranged
+    from 10 % to 82 % (the jump comes when the model learns to read the digits, at a
+    seed-dependent step). Linear lr warm-up over 20 steps and grad clipping at 1.0 keep
+    the early steps from diverging.
+    """
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     model.train()
-    losses = []
-    for _ in range(steps):
+    losses: list[float] = []
+    accuracy = answer_accuracy(model, tokenizer, eval_rows) if eval_rows else float("nan")
+    while len(losses) < max_steps and not accuracy >= target_accuracy:
         pick = torch.randint(len(rows), (batch_size,), generator=generator).tolist()
         ids, mask, labels = supervised_batch(tokenizer, [rows[i] for i in pick])
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
         optimizer.zero_grad()
         losses.append(float(loss.detach()))
+        if eval_rows and len(losses) % eval_every == 0:
+            accuracy = answer_accuracy(model, tokenizer, eval_rows)
     model.eval()
-    return losses
+    return WarmUpResult(steps=len(losses), losses=losses, accuracy=accuracy)
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:

@@ -131,13 +131,14 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 class RewardManager:
     """Scores responses with the built-in reward of their ``data_source`` or a custom one.
 
-    Built-ins take precedence; ``custom`` (a function or a ``"file.py:function"`` spec)
-    scores every other data source. A reward function that raises, or returns something
+    ``custom`` (a function or a ``"file.py:function"`` spec), when given, scores every data
+    source — as verl's ``custom_reward_function`` does; without it, the built-in reward of
+    the row's ``data_source`` is used. A reward function that raises, or returns something
     that is not a finite number, scores 0.0 and is counted in ``errors`` (metric
     ``reward/errors``); with ``strict=True`` the exception propagates instead.
 
     Args:
-        custom: fallback reward, or None for built-ins only.
+        custom: the reward for every row, or None for the built-ins.
         strict: re-raise reward-function errors instead of counting them.
     """
 
@@ -147,7 +148,7 @@ class RewardManager:
         self.errors = 0
 
     def _reward_fn(self, data_source: str) -> RewardFn:
-        fn = BUILTIN_REWARDS.get(data_source, self.custom)
+        fn = self.custom or BUILTIN_REWARDS.get(data_source)
         if fn is None:
             raise ValueError(
                 f"no reward function for data_source {data_source!r}; built-in ones are "

@@ -1,4 +1,13 @@
-"""The training run: steps of PPO over the prompt loader, validation, metrics on disk."""
+"""The training run: PPO steps over the prompt loader, validation, checkpoints, reports.
+
+Numbered, as every rank runs it (``torchrun`` or one process):
+  1. process group; rank 0 prepares the run directory (config copy, embedded data/model);
+  2. build the components (sharded models, optimizers, engine, weight sync);
+  3. resume from a checkpoint (``trainer.resume_mode``) or validate the starting policy;
+  4. per step: ``ppo_step`` → LR schedulers → validation every ``test_freq`` → metrics →
+     checkpoint every ``save_freq``;
+  5. final checkpoint and HF export of the actor, plot and summary (rank 0).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,30 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from klppo_train.build import build_components, ensure_embedded_data, make_schedulers
+from fsdp_sharding import export_hf
+from klppo_train.build import (
+    build_components,
+    ensure_embedded_data,
+    ensure_model_dir,
+    make_schedulers,
+)
+from klppo_train.checkpoint import (
+    load_trainer_checkpoint,
+    resolve_resume,
+    save_trainer_checkpoint,
+)
 from klppo_train.config import AppConfig, to_yaml
 from klppo_train.data import PromptLoader
+from klppo_train.distributed import (
+    init_distributed,
+    is_main,
+    mean_over_ranks,
+    rank_slice,
+    sum_over_ranks,
+)
+from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
 from klppo_train.step import Components, ppo_step
 from klppo_train.validate import sampling_config
 
@@ -19,69 +48,88 @@ log = logging.getLogger("klppo_train")
 
 
 def validation_accuracy(c: Components, items, cfg: AppConfig) -> dict[str, float]:
-    """Greedy (``rollout.val_temperature``) accuracy per data source: ``val/<source>/acc``."""
-    sampling = sampling_config(cfg, validation=True)
-    batch = c.engine.generate([list(i.prompt_ids) for i in items], sampling)
+    """Greedy (``rollout.val_temperature``) accuracy per data source, ``val/<source>/acc``,
+    over the whole validation set (each rank generates its slice)."""
+    mine = rank_slice(items)
+    batch = c.engine.generate(
+        [list(i.prompt_ids) for i in mine], sampling_config(cfg, validation=True)
+    )
     hits: dict[str, list[float]] = {}
     for sample in batch.samples:
-        item = items[sample.prompt_index]
+        item = mine[sample.prompt_index]
         text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
         score = c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info)
         hits.setdefault(item.data_source, []).append(float(score >= 1.0))
-    return {f"val/{source}/acc": sum(v) / len(v) for source, v in hits.items()}
+    hits = sum_over_ranks(hits)
+    return {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
 
 
 def total_steps(cfg: AppConfig, batches_per_epoch: int) -> int:
     return cfg.trainer.total_training_steps or cfg.trainer.total_epochs * batches_per_epoch
 
 
-def append_jsonl(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+def prepare_run_dir(cfg: AppConfig) -> tuple[Path, Path]:
+    """``(run_dir, model_dir)``; rank 0 writes, the others wait for it."""
+    run_dir = Path(cfg.trainer.run_dir).expanduser()
+    if is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if not cfg.model.path:
+            ensure_embedded_data(cfg)
+        ensure_model_dir(cfg, run_dir)
+    dist.barrier()
+    return run_dir, ensure_model_dir(cfg, run_dir)  # now only finds it
 
 
-def train(cfg: AppConfig) -> dict[str, float]:
-    """Run the configured number of PPO steps; return the summary."""
-    run_dir = Path(cfg.trainer.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    torch.manual_seed(cfg.trainer.seed)
-    if not cfg.model.path:
-        ensure_embedded_data(cfg)
+def _due(step: int, every: int, last: int) -> bool:
+    return step == last or (every > 0 and step % every == 0)
+
+
+def train(cfg: AppConfig) -> dict:
+    """Run the configured PPO steps (resuming if asked); return the summary."""
+    init_distributed()
     start = time.perf_counter()
-    components, train_set, val_set = build_components(cfg, run_dir)
-    loader = PromptLoader(
-        train_set, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
-    )
+    run_dir, model_dir = prepare_run_dir(cfg)
+    torch.manual_seed(cfg.trainer.seed)
+    c, train_set, val_set = build_components(cfg, model_dir)
+    loader = PromptLoader(train_set, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     steps = total_steps(cfg, len(loader))
-    schedulers = make_schedulers(components, cfg, steps)
-    metrics_path = run_dir / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
-    first = validation_accuracy(components, val_set.items, cfg)
-    append_jsonl(metrics_path, {"step": 0, **first})
-    log.info("step 0: %s", first)
-    last = first
-    for step in range(1, steps + 1):
-        metrics = ppo_step(components, loader.next_batch(), cfg, step=step, version=step)
+    schedulers = make_schedulers(c, cfg, steps)
+    resume_from = resolve_resume(run_dir, cfg.trainer.resume_mode)
+    first = load_trainer_checkpoint(resume_from, c, schedulers, loader) if resume_from else 0
+    if first:
+        c.weight_sync.sync(version=first)
+    metrics_log = MetricsLog(run_dir, first, steps, enabled=is_main())
+    if not first:
+        metrics_log.log(0, validation_accuracy(c, val_set.items, cfg))
+    last = min(steps, cfg.trainer.stop_at_step or steps)
+    for step in range(first + 1, last + 1):
+        metrics = ppo_step(c, loader.next_batch(), cfg, step=step, version=step)
         for scheduler in schedulers:
             scheduler.step()
-        if cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or step == steps):
-            last = validation_accuracy(components, val_set.items, cfg)
-            metrics.update(last)
-        append_jsonl(metrics_path, {"step": step, **metrics})
-        log.info(
-            "step %d/%d score %.3f kl %.4f %s",
-            step,
-            steps,
-            metrics["critic/score/mean"],
-            metrics.get("actor/reward_kl_penalty", 0.0),
-            " ".join(f"{k}={v:.3f}" for k, v in last.items()),
-        )
-    summary = {
-        "minutes": (time.perf_counter() - start) / 60,
-        "steps": steps,
-        **{f"first_{k}": v for k, v in first.items()},
-        **{f"final_{k}": v for k, v in last.items()},
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if _due(step, cfg.trainer.test_freq, steps) and cfg.trainer.test_freq:
+            metrics.update(validation_accuracy(c, val_set.items, cfg))
+        metrics_log.log(step, mean_over_ranks(metrics))
+        if _due(step, cfg.trainer.save_freq, last):
+            save_trainer_checkpoint(
+                run_dir, c, schedulers, loader, step, cfg.trainer.max_ckpt_to_keep
+            )
+    metrics_log.close()
+    if last == steps:
+        export_hf(c.actor, c.tokenizer, run_dir / "actor_hf")
+    return finish(run_dir, metrics_log.records, start, c)
+
+
+def finish(run_dir: Path, records: list[dict], start: float, c: Components) -> dict:
+    """Plot + summary on rank 0; then the engine goes (it takes the process group with it)."""
+    summary: dict = {}
+    if is_main():
+        plot = plot_metrics(records, run_dir / "metrics.png")
+        summary = summarize(records, (time.perf_counter() - start) / 60, run_dir, plot)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(summary_text(summary), flush=True)
+    dist.barrier()
+    c.engine.close()  # vLLM's shutdown destroys the default group; the HF engine's does not
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return summary

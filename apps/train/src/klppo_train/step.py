@@ -2,8 +2,10 @@
 
 generate → old log-probs → ref log-probs → values → scores → KL in reward → advantages →
 critic update → actor update → weight sync → metrics. Every stage is timed
-(``timing_s/<stage>``). Single process here; the same stages run per rank under torchrun
-once the workers are sharded (issue 6, next part).
+(``timing_s/<stage>``). Under torchrun every rank runs every stage on its own slice of the
+prompts (with all ``n`` samples of a prompt on one rank, so GRPO/RLOO groups stay whole);
+the losses' global token counts, FSDP's gradient reduction and the KL controller's
+all-reduce make the step equal to one process on the whole batch. Metrics are this rank's.
 """
 
 from __future__ import annotations
@@ -18,17 +20,23 @@ import torch
 from torch import nn
 
 from klppo_train.actor import PolicyBatch, actor_update_step
-from klppo_train.algorithm import advantage_metrics, advantages_and_returns, kl_in_reward
+from klppo_train.algorithm import (
+    advantage_metrics,
+    advantages_and_returns,
+    explained_variance,
+    kl_in_reward,
+)
 from klppo_train.batch import RolloutTensors, rollout_tensors
 from klppo_train.config import AppConfig
 from klppo_train.critic import ValueBatch, critic_update_step
 from klppo_train.data import PromptItem
+from klppo_train.distributed import rank_slice, world_size
 from klppo_train.forward import response_logprobs, response_values
 from klppo_train.rewards import RewardManager
 from klppo_train.update import select_rows
 from klppo_train.validate import sampling_config
 from ppo_core import masked_mean
-from rollout import RolloutEngine, logprob_mismatch
+from rollout import RolloutEngine, WeightSync, logprob_mismatch
 
 
 @dataclass
@@ -38,6 +46,7 @@ class Components:
     actor: nn.Module
     actor_optimizer: torch.optim.Optimizer
     engine: RolloutEngine
+    weight_sync: WeightSync
     tokenizer: Any
     rewards: RewardManager
     kl_controller: Any
@@ -85,11 +94,16 @@ def _epochs(update, batch, epochs: int, rows_per_mini: int, seed: int) -> dict[s
 def ppo_step(
     c: Components, items: Sequence[PromptItem], cfg: AppConfig, *, step: int, version: int
 ) -> dict[str, float]:
-    """Train on one batch of prompts; the engine ends up holding weights ``version``."""
+    """Train on one batch of prompts (this rank's slice of it); the engine ends up holding
+    weights ``version``."""
     c.timings.clear()
+    step_start = time.perf_counter()
+    items = rank_slice(items)
     n, T, temperature = cfg.rollout.n, cfg.rollout.response_length, cfg.rollout.temperature
     with timed(c, "gen"):
-        batch = c.engine.generate([list(i.prompt_ids) for i in items], sampling_config(cfg))
+        batch = c.engine.generate(
+            [list(i.prompt_ids) for i in items], sampling_config(cfg, step=step)
+        )
         t = rollout_tensors(
             [i.prompt_ids for i in items],
             batch,
@@ -98,8 +112,14 @@ def ppo_step(
         )
     forward = {"max_tokens": cfg.ref.log_prob_max_token_len_per_gpu}
     with timed(c, "old_log_prob"), torch.no_grad():
-        old, _ = response_logprobs(
-            c.actor, t.input_ids, t.attention_mask, T, temperature=temperature, **forward
+        old, entropy = response_logprobs(
+            c.actor,
+            t.input_ids,
+            t.attention_mask,
+            T,
+            temperature=temperature,
+            with_entropy=True,
+            **forward,
         )
     ref = None
     if c.ref is not None:
@@ -137,7 +157,7 @@ def ppo_step(
                     lambda mb: critic_update_step(c.critic, c.critic_optimizer, mb, cfg.critic),
                     vbatch,
                     cfg.critic.ppo_epochs,
-                    cfg.critic.ppo_mini_batch_size * n,
+                    cfg.critic.ppo_mini_batch_size * n // world_size(),
                     step,
                 )
             )
@@ -150,13 +170,15 @@ def ppo_step(
                 ),
                 pbatch,
                 cfg.actor.ppo_epochs,
-                cfg.actor.ppo_mini_batch_size * n,
+                cfg.actor.ppo_mini_batch_size * n // world_size(),
                 step,
             )
         )
     with timed(c, "update_weights"):
-        c.engine.update_weights(c.actor.named_parameters(), version=version)
+        c.weight_sync.sync(version=version)
     mask = t.response_mask
+    if values is not None:
+        metrics["critic/vf_explained_var"] = explained_variance(values, returns, mask)
     metrics.update(advantage_metrics(advantages, returns, mask))
     metrics.update({k: float(v) for k, v in logprob_mismatch(t.engine_logprobs, old, mask).items()})
     metrics.update(c.rewards.metrics(reset=True))
@@ -165,8 +187,12 @@ def ppo_step(
             "critic/score/mean": float((scores * mask).sum(-1).mean()),
             "response_length/mean": float(mask.sum(-1).float().mean()),
             "actor/policy_version_sampled": float(t.policy_version),
+            "actor/entropy": float(masked_mean(entropy, mask)),
             "actor/entropy_rollout": float(masked_mean(-t.engine_logprobs, mask)),
         }
     )
+    c.timings["timing_s/step"] = time.perf_counter() - step_start
     metrics.update(c.timings)
+    # verl's definition: tokens (prompt + response) per second per device.
+    metrics["perf/throughput"] = float(t.attention_mask.sum()) / c.timings["timing_s/step"]
     return metrics

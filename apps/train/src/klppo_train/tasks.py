@@ -27,10 +27,19 @@ _GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 ARITHMETIC_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
+QUESTION = "What is {a} {op} {b}? Answer with just the number."
+COMPACT = "{a}{op}{b}="
+
+
 def make_arithmetic_rows(
-    n: int, seed: int, max_operand: int = 9, ops: Sequence[str] = ("+",)
+    n: int,
+    seed: int,
+    max_operand: int = 9,
+    ops: Sequence[str] = ("+",),
+    template: str = QUESTION,
 ) -> list[dict[str, Any]]:
-    """``n`` verl rows "What is a <op> b? ..." with operands in [0, max_operand]."""
+    """``n`` verl rows asking ``template`` (fields ``a``, ``op``, ``b``; e.g. "What is 3 + 4?
+    Answer with just the number." or the compact "3+4=") with operands in [0, max_operand]."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"make_arithmetic_rows: n must be an int >= 1, got {n!r}")
     if not isinstance(max_operand, int) or max_operand < 0:
@@ -47,7 +56,7 @@ def make_arithmetic_rows(
     for i in range(n):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
         op = rng.choice(list(ops))
-        question = f"What is {a} {op} {b}? Answer with just the number."
+        question = template.format(a=a, op=op, b=b)
         rows.append(_row("arithmetic", question, str(ARITHMETIC_OPS[op](a, b)), {"index": i}))
     return rows
 

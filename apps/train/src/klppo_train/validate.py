@@ -6,6 +6,8 @@ advice) for the caller to log.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from batching import check_token_budgets
@@ -53,6 +55,15 @@ def _check_ranges(c: AppConfig) -> None:
         ("actor.ppo_epochs", c.actor.ppo_epochs >= 1, ">= 1"),
         ("rollout.response_length", c.rollout.response_length >= 1, ">= 1"),
         ("trainer.test_freq", c.trainer.test_freq >= 0, ">= 0"),
+        ("model.warmup_steps", c.model.warmup_steps >= 0, ">= 0"),
+        ("trainer.save_freq", c.trainer.save_freq >= 0, ">= 0"),
+        ("trainer.max_ckpt_to_keep", c.trainer.max_ckpt_to_keep >= 0, ">= 0 (0 = keep all)"),
+        ("trainer.stop_at_step", c.trainer.stop_at_step >= 0, ">= 0"),
+        (
+            "model.warmup_target_accuracy",
+            0 <= c.model.warmup_target_accuracy <= 1,
+            "in [0, 1]",
+        ),
     ]
     for key, ok, rule in rules:
         if not ok:
@@ -134,7 +145,10 @@ def sharding_config(fsdp: FsdpConfig) -> ShardingConfig:
     )
 
 
-def sampling_config(c: AppConfig, *, validation: bool = False) -> SamplingConfig:
+def sampling_config(c: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
+    """The rollout's sampling; the seed differs per step (one fixed seed would replay the same
+    random draws every step) and is a function of (``trainer.seed``, step) so a resumed run
+    samples exactly what an uninterrupted one would."""
     r = c.rollout
     return SamplingConfig(
         n=1 if validation else r.n,
@@ -142,13 +156,23 @@ def sampling_config(c: AppConfig, *, validation: bool = False) -> SamplingConfig
         top_p=r.top_p,
         top_k=r.top_k,
         max_new_tokens=r.response_length,
-        seed=c.trainer.seed,
+        seed=c.trainer.seed * 1_000_003 + step,
     )
+
+
+def _check_resume(c: AppConfig) -> None:
+    mode = c.trainer.resume_mode
+    if mode not in ("auto", "disable") and not (Path(mode).expanduser() / "actor").is_dir():
+        raise ValueError(
+            f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or a checkpoint directory "
+            "(run_dir/checkpoints/global_step_<N>, with an actor/ inside)"
+        )
 
 
 def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     """Raise ``ValueError`` naming the key(s) of the first problem; return advice to log."""
     _check_ranges(config)
+    _check_resume(config)
     _check_algorithm(config)
     _check_batch_sizes(config, world_size)
     for role in ("actor", "ref", "critic"):

@@ -66,6 +66,9 @@ def _on_cpu() -> bool:
 def _prepare_environment() -> None:
     # Must be set before vLLM is imported / the engine starts.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Every reload warns "RotaryEmbedding: Failed to load weights": its cos/sin cache is
+    # computed, not in any checkpoint (log-probs after a sync match the trainer's, tested).
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
 
 def _repack_lm_head(worker) -> None:
@@ -91,6 +94,7 @@ class VLLMEngine:
         self.config = config or VLLMConfig()
         self.model_path = Path(model_path)
         hf_config = json.loads((self.model_path / "config.json").read_text())
+        self.max_position_embeddings = hf_config.get("max_position_embeddings")
         self.vocab_size = int(hf_config["vocab_size"])
         self.tied_embeddings = bool(hf_config.get("tie_word_embeddings", False))
         _prepare_environment()
@@ -125,9 +129,28 @@ class VLLMEngine:
         if _on_cpu():
             # The CPU default asks for 92 % of RAM (and the env var takes whole GiB only).
             kwargs["kv_cache_memory_bytes"] = int(c.kv_cache_space_gib * 2**30)
+            kwargs.update(self._whole_prompt_prefill())
         else:
             kwargs.update(gpu_memory_utilization=c.gpu_memory_utilization, enable_sleep_mode=True)
         return kwargs
+
+    def _whole_prompt_prefill(self) -> dict[str, Any]:
+        """CPU only: prefill each prompt in one piece (no chunked prefill).
+
+        With chunked prefill, a request whose prompt is split over steps has its sampled token
+        discarded, and vLLM rewinds that request's seeded generator with ``set_offset`` — which
+        CPU generators do not have (``RuntimeError: CPU Generator does not use offset``, seen
+        with 32 prompts × n=8 and ``SamplingConfig.seed`` set). The token budget per step must
+        then hold the longest sequence.
+        """
+        c = self.config
+        longest = c.max_model_len or self.max_position_embeddings or 0
+        return {
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(
+                c.max_num_batched_tokens or 4096, longest, c.max_num_seqs
+            ),
+        }
 
     def _sampling_params(self, sampling: SamplingConfig):
         from vllm import SamplingParams
