@@ -109,6 +109,13 @@ def test_parquet_round_trip(tmp_path) -> None:
     assert [r["extra_info"] for r in back] == [{}, {}, {"index": 0}, {"index": 1}]
 
 
+def test_paths_expand_the_home_directory(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rows = [row("What is 1 + 1?", "2")]
+    write_parquet(rows, tmp_path / "d" / "train.parquet")
+    assert read_rows("~/d/train.parquet") == rows
+
+
 def test_bad_rows_are_named_by_file_and_index(tmp_path) -> None:
     rows = [row("ok", index=i) for i in range(3)]
     rows[2]["prompt"] = []

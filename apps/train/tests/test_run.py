@@ -57,6 +57,8 @@ def overrides(run: Path, engine: str = "hf", steps: int = 2) -> list[str]:
         f"trainer.total_training_steps={steps}",
         "trainer.test_freq=1",
         "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=4",
+        "critic.ppo_mini_batch_size=4",
         "rollout.n=4",
         "actor.use_kl_loss=true",
         f"rollout.engine={engine}",

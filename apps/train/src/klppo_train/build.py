@@ -49,7 +49,7 @@ def ensure_embedded_data(cfg: AppConfig) -> None:
     tiny model learns to read digits that sit next to the answer far sooner.
     """
     for files, n, seed in ((cfg.data.train_files, 2000, 0), (cfg.data.val_files, 200, 1)):
-        for path in map(Path, files):
+        for path in (Path(f).expanduser() for f in files):
             if not path.exists():
                 write_parquet(make_arithmetic_rows(n, seed=seed, template=COMPACT), path)
                 log.info("wrote %d arithmetic rows to %s", n, path)

@@ -149,6 +149,7 @@ def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[di
         ValueError: no paths, or a bad row, named as ``"<path> row <i>: ..."``.
     """
     paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    paths = [Path(p).expanduser() for p in paths]
     if not paths:
         raise ValueError("read_rows: no parquet files given (is data.train_files empty?)")
     for path in paths:

@@ -66,9 +66,6 @@ def _on_cpu() -> bool:
 def _prepare_environment() -> None:
     # Must be set before vLLM is imported / the engine starts.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    # Every reload warns "RotaryEmbedding: Failed to load weights": its cos/sin cache is
-    # computed, not in any checkpoint (log-probs after a sync match the trainer's, tested).
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
 
 def _repack_lm_head(worker) -> None:
@@ -101,6 +98,12 @@ class VLLMEngine:
         from vllm import LLM  # lazy: the trainer runs without vLLM installed
 
         self.llm = LLM(**self._engine_kwargs())
+        # Every reload warns "RotaryEmbedding: Failed to load weights": its cos/sin cache is
+        # computed, not in any checkpoint (log-probs after a sync match the trainer's, tested).
+        # Set only now: vLLM's logging config (applied again by LLM()) resets child levels.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(
+            logging.ERROR
+        )
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.policy_version = 0
         self._generated_tokens, self._generate_seconds, self._sync_seconds = 0, 0.0, 0.0
