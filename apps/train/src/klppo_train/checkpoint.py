@@ -18,23 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from fsdp_sharding import load_checkpoint, save_checkpoint
 from klppo_train.data import PromptLoader
+from klppo_train.distributed import barrier, is_main
 from klppo_train.step import Components
 
 log = logging.getLogger("klppo_train")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
-
-
-def _is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def checkpoints_root(run_dir: Path) -> Path:
@@ -70,19 +61,19 @@ def save_trainer_checkpoint(
     """Write ``global_step_<step>`` atomically (a collective); prune to the newest ``keep``."""
     final = checkpoints_root(run_dir) / f"global_step_{step}"
     tmp = final.with_name(final.name + ".partial")
-    if _is_main():
+    if is_main():
         shutil.rmtree(tmp, ignore_errors=True)
-    _barrier()
+    barrier()
     state = trainer_state(c, schedulers, loader, step)
     save_checkpoint(tmp / "actor", c.actor, c.actor_optimizer, extra_state=state)
     if c.critic is not None:
         save_checkpoint(tmp / "critic", c.critic, c.critic_optimizer)
-    if _is_main():
+    if is_main():
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for _, old in complete_checkpoints(run_dir)[: -keep or None] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    barrier()
     log.info("checkpoint: %s", final)
     return final
 

@@ -37,6 +37,11 @@ def is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
