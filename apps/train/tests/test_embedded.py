@@ -1,5 +1,6 @@
 """The embedded default's tokenizer and model: real objects, saved and reloaded."""
 
+import json
 from pathlib import Path
 
 import torch
@@ -110,3 +111,20 @@ def test_warm_up_stops_at_the_target_accuracy() -> None:
     )
     assert result.accuracy >= 0.2 and result.steps < 300 and result.steps % 10 == 0
     assert answer_accuracy(model, tok, rows[-100:]) == result.accuracy
+
+
+def test_load_tokenizer_honours_the_saved_class(tmp_path: Path) -> None:
+    """A plain backend loads as saved (the embedded tokenizer, also from an actor export);
+    a model-specific class goes through AutoTokenizer."""
+    tok = build_tokenizer()
+    tok.save_pretrained(tmp_path / "plain")
+    (tmp_path / "plain" / "config.json").write_text(
+        build_model(len(tok), seed=0).config.to_json_string()  # a Qwen2 model type
+    )
+    plain = load_tokenizer(tmp_path / "plain")
+    assert plain("1 + 2")["input_ids"] == tok("1 + 2")["input_ids"]  # spaces kept
+    tok.save_pretrained(tmp_path / "typed")
+    config = tmp_path / "typed" / "tokenizer_config.json"
+    saved = json.loads(config.read_text())
+    config.write_text(json.dumps({**saved, "tokenizer_class": "Qwen2Tokenizer"}))
+    assert type(load_tokenizer(tmp_path / "typed")).__name__ == "Qwen2Tokenizer"

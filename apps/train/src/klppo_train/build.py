@@ -17,7 +17,6 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
-    AutoTokenizer,
 )
 
 from fsdp_sharding import iter_full_state_dict, shard_model
@@ -161,9 +160,7 @@ def _critic(cfg: AppConfig, model_dir: Path):
 
 def build_components(cfg: AppConfig, model_dir: Path):
     """``(components, train_dataset, val_dataset)``; a collective (sharding, engine start)."""
-    tokenizer = (
-        AutoTokenizer.from_pretrained(model_dir) if cfg.model.path else load_tokenizer(model_dir)
-    )
+    tokenizer = load_tokenizer(model_dir)
     train = PromptDataset(read_rows(cfg.data.train_files), tokenizer, cfg.data)
     val = PromptDataset(read_rows(cfg.data.val_files), tokenizer, cfg.data)
     actor = _sharded(
