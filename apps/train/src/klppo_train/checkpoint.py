@@ -71,8 +71,9 @@ def save_trainer_checkpoint(
     if is_main():
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        for _, old in complete_checkpoints(run_dir)[: -keep or None] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+        if keep > 0:  # 0 keeps them all
+            for _, old in complete_checkpoints(run_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
     barrier()
     log.info("checkpoint: %s", final)
     return final

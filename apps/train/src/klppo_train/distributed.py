@@ -69,7 +69,7 @@ def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return merged
 
 
-def sum_over_ranks(counts: dict[str, list[float]]) -> dict[str, list[float]]:
+def concat_over_ranks(counts: dict[str, list[float]]) -> dict[str, list[float]]:
     """Concatenate per-key lists from every rank (e.g. validation hits per data source)."""
     if world_size() == 1:
         return counts

@@ -39,6 +39,8 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.records = read_metrics(self.path, up_to_step=start_step) if start_step else []
+        validated = [r for r in self.records if any(k.startswith("val/") for k in r)]
+        self.last_val = _mean_acc(validated[-1]) if validated else None
         if not enabled:
             return
         tmp = self.path.with_suffix(".jsonl.tmp")
@@ -63,13 +65,14 @@ class MetricsLog:
 
     def _postfix(self) -> dict[str, str]:
         last = self.records[-1]
-        accs = [r for r in self.records if any(k.endswith("/acc") for k in r)]
+        if any(k.startswith("val/") for k in last):
+            self.last_val = _mean_acc(last)
         shown = {
             "score": f"{last.get('critic/score/mean', float('nan')):.2f}",
             "kl": f"{last.get('actor/reward_kl_penalty', float('nan')):.3f}",
         }
-        if accs:
-            shown["val"] = f"{_mean_acc(accs[-1]):.2f}"
+        if self.last_val is not None:
+            shown["val"] = f"{self.last_val:.2f}"
         return shown
 
     def close(self) -> None:

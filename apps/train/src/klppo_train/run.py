@@ -34,11 +34,11 @@ from klppo_train.checkpoint import (
 from klppo_train.config import AppConfig, to_yaml
 from klppo_train.data import PromptLoader
 from klppo_train.distributed import (
+    concat_over_ranks,
     init_distributed,
     is_main,
     mean_over_ranks,
     rank_slice,
-    sum_over_ranks,
 )
 from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
 from klppo_train.step import Components, ppo_step
@@ -60,7 +60,7 @@ def validation_accuracy(c: Components, items, cfg: AppConfig) -> dict[str, float
         text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
         score = c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info)
         hits.setdefault(item.data_source, []).append(float(score >= 1.0))
-    hits = sum_over_ranks(hits)
+    hits = concat_over_ranks(hits)
     return {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
 
 
@@ -107,7 +107,7 @@ def train(cfg: AppConfig) -> dict:
         metrics = ppo_step(c, loader.next_batch(), cfg, step=step, version=step)
         for scheduler in schedulers:
             scheduler.step()
-        if _due(step, cfg.trainer.test_freq, steps) and cfg.trainer.test_freq:
+        if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
             metrics.update(validation_accuracy(c, val_set.items, cfg))
         metrics_log.log(step, mean_over_ranks(metrics))
         if _due(step, cfg.trainer.save_freq, last):

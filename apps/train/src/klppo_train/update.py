@@ -18,6 +18,7 @@ from torch import nn
 
 from batching import sync_num_micro_batches, token_budget_micro_batches
 from fsdp_sharding import clip_grad_norm
+from klppo_train.distributed import world_size
 
 # Loss metrics that are shares of the global mean: they add up over micro-batches.
 SHARE_METRICS = ("pg_loss", "vf_loss")
@@ -39,7 +40,7 @@ def _dp_sum(value: torch.Tensor) -> torch.Tensor:
 
 def global_counts(response_mask: torch.Tensor) -> dict[str, Any]:
     """Valid tokens and sequences of the mini-batch over all ranks, for ``ppo_core`` losses."""
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    world = world_size()
     return {
         "global_num_tokens": _dp_sum(response_mask.sum()),
         "global_num_seqs": _dp_sum((response_mask.sum(-1) > 0).sum()),
