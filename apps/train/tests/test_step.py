@@ -97,3 +97,50 @@ def test_two_ppo_steps() -> None:
     # ... and those are exactly the trainer's: old log-probs equal the engine's (same weights)
     assert second["rollout/logprob_diff_max"] < 1e-4
     assert any(not torch.equal(a, b) for a, b in zip(before, c.actor.parameters(), strict=True))
+
+
+def _count_no_grad_forwards(model) -> list[int]:
+    """Calls of ``model`` made with autograd off (the old-log-prob pass: one per micro-batch)."""
+    calls = [0]
+
+    def hook(module, args, kwargs):
+        if not torch.is_grad_enabled():
+            calls[0] += 1
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return calls
+
+
+def _step_with(extra: list[str]):
+    tokenizer = build_tokenizer()
+    _, c = components(tokenizer)
+    cfg = load_config(None, [*OVERRIDES, *extra])
+    validate_config(cfg)
+    items = PromptDataset(
+        make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
+    ).items
+    calls = _count_no_grad_forwards(c.actor)
+    return ppo_step(c, items, cfg, step=0, version=1), calls[0]
+
+
+def test_old_log_prob_pass_uses_the_rollout_budget() -> None:
+    # 8 sequences of > 34 tokens: a 1024-token budget packs them into one micro-batch, 68
+    # (prompt + response length) one per micro-batch; the reference's budget stays 512.
+    _, one = _step_with(["rollout.log_prob_max_token_len_per_gpu=1024"])
+    _, many = _step_with(["rollout.log_prob_max_token_len_per_gpu=68"])
+    assert (one, many) == (1, 8)
+
+
+def test_on_policy_step_skips_the_old_log_prob_pass() -> None:
+    on_policy = ["actor.ppo_mini_batch_size=4", "algorithm.use_kl_in_reward=false"]
+    metrics, calls = _step_with(on_policy)
+    assert calls == 0 and "timing_s/old_log_prob" not in metrics
+    assert metrics["actor/on_policy_shortcut"] == 1.0
+    # logπ_old = sg(logπ): the ratio is exactly 1, nothing is clipped
+    assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
+    # the mismatch and the entropy come from the update's forward instead (same weights)
+    assert metrics["rollout/logprob_diff_max"] < 1e-4
+    assert math.isfinite(metrics["actor/entropy"]) and metrics["actor/entropy"] > 0
+    # two mini-batches: the pass runs (once: one micro-batch at this budget)
+    metrics, calls = _step_with(["algorithm.use_kl_in_reward=false"])
+    assert calls == 1 and metrics["actor/on_policy_shortcut"] == 0.0

@@ -124,6 +124,26 @@ def test_hf_engine_update_weights_and_weight_sync(model) -> None:
         engine.update_weights([("lm_head.bias", torch.zeros(3))], version=2)
 
 
+def test_weight_sync_casts_to_the_engine_dtype_while_streaming(model) -> None:
+    engine = hf_engine(tiny_model(seed=0).to(torch.bfloat16))
+    trainer = tiny_model(seed=1)  # fp32 master weights
+    seen = []
+
+    def streamed():
+        for name, tensor in trainer.named_parameters():
+            seen.append(tensor.dtype)
+            yield name, tensor.detach()
+
+    metrics = WeightSync(streamed, engine, dtype=torch.bfloat16).sync(version=1)
+    assert set(seen) == {torch.float32}
+    assert metrics["rollout/weight_sync_bytes"] == sum(p.numel() * 2 for p in trainer.parameters())
+    for (name, got), want in zip(
+        engine.model.named_parameters(), trainer.parameters(), strict=True
+    ):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want.detach().to(torch.bfloat16), atol=0, rtol=0, msg=name)
+
+
 def test_hf_ignore_eos_generates_to_the_limit(model) -> None:
     prompt = [PROMPTS[0]]
     greedy = SamplingConfig(temperature=0, max_new_tokens=6)

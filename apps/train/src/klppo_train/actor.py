@@ -12,23 +12,32 @@ from klppo_train.config import ActorConfig
 from klppo_train.forward import response_logprobs
 from klppo_train.update import micro_batch_step
 from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss
+from rollout import logprob_mismatch
 
 
 @dataclass(frozen=True)
 class PolicyBatch:
-    """Tensors of the samples one rank trains on (``[B, P + T]`` and ``[B, T]``)."""
+    """Tensors of the samples one rank trains on (``[B, P + T]`` and ``[B, T]``).
+
+    ``old_logprobs=None`` is the on-policy step (one mini-batch, one epoch): the policy has
+    not moved since it generated, so logπ_old = sg(logπ) (ratio 1, verl's shortcut) and no
+    separate old-log-prob pass is needed. The train/rollout mismatch and the entropy are
+    then measured in the update's own forward (``engine_logprobs``).
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
-    old_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
+    engine_logprobs: torch.Tensor | None = None
 
 
 def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, temperature: float):
     T = mb.response_mask.shape[1]
     budget = int(mb.attention_mask.sum(-1).sum())  # the whole micro-batch in one packed row
+    on_policy = mb.old_logprobs is None
     logprobs, entropy = response_logprobs(
         model,
         mb.input_ids,
@@ -36,12 +45,12 @@ def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, te
         T,
         max_tokens=budget,
         temperature=temperature,
-        with_entropy=cfg.entropy_coeff > 0,
+        with_entropy=cfg.entropy_coeff > 0 or on_policy,
         num_micro_batches=1,
     )
     loss, metrics = policy_loss(
         logprobs,
-        mb.old_logprobs,
+        logprobs.detach() if on_policy else mb.old_logprobs,
         mb.advantages,
         mb.response_mask,
         clip_ratio_low=cfg.clip_ratio_low,
@@ -51,9 +60,12 @@ def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, te
         **counts,
     )
     if entropy is not None:
-        entropy_loss = aggregate_loss(entropy, mb.response_mask, cfg.loss_agg_mode, **counts)
-        loss = loss - cfg.entropy_coeff * entropy_loss
+        if cfg.entropy_coeff > 0:
+            entropy_loss = aggregate_loss(entropy, mb.response_mask, cfg.loss_agg_mode, **counts)
+            loss = loss - cfg.entropy_coeff * entropy_loss
         metrics["entropy"] = masked_mean(entropy.detach(), mb.response_mask)
+    if on_policy and mb.engine_logprobs is not None:
+        metrics.update(logprob_mismatch(mb.engine_logprobs, logprobs.detach(), mb.response_mask))
     if cfg.use_kl_loss and mb.ref_logprobs is not None:
         kl = kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type)
         kl_loss = aggregate_loss(kl, mb.response_mask, cfg.loss_agg_mode, **counts)

@@ -19,9 +19,10 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from fsdp_sharding import iter_full_state_dict, shard_model
+from fsdp_sharding import default_device, iter_full_state_dict, shard_model
 from klppo_train.algorithm import make_kl_controller
-from klppo_train.config import AppConfig
+from klppo_train.attention import packed_attention_implementation
+from klppo_train.config import AppConfig, FsdpConfig
 from klppo_train.data import PromptDataset, read_rows, write_parquet
 from klppo_train.embedded import (
     build_model,
@@ -30,9 +31,10 @@ from klppo_train.embedded import (
     save_atomically,
     warm_up,
 )
+from klppo_train.precision import Precision, resolve_precision
 from klppo_train.rewards import RewardManager
 from klppo_train.schedule import make_scheduler
-from klppo_train.step import Components
+from klppo_train.step import Components, skips_old_log_prob_pass
 from klppo_train.tasks import COMPACT, make_arithmetic_rows
 from klppo_train.validate import sharding_config
 from rollout import WeightSync
@@ -91,11 +93,11 @@ def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
     return save_atomically(model, tokenizer, path)
 
 
-def _engine(cfg: AppConfig, model_dir: Path, tokenizer):
+def _engine(cfg: AppConfig, model_dir: Path, tokenizer, precision: Precision):
     if cfg.rollout.engine == "hf":
         from rollout import HFEngine, HFEngineConfig
 
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.dtype)
         return HFEngine(
             model,
             HFEngineConfig(
@@ -113,6 +115,7 @@ def _engine(cfg: AppConfig, model_dir: Path, tokenizer):
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             enforce_eager=cfg.rollout.enforce_eager,
             seed=cfg.trainer.seed,
+            dtype=precision.name,
         ),
     )
 
@@ -139,23 +142,44 @@ def make_schedulers(c: Components, cfg: AppConfig, total_steps: int) -> list:
     return schedulers
 
 
-def _sharded(model, fsdp_cfg):
-    return shard_model(model, sharding_config(fsdp_cfg))
+def _sharded(model, fsdp_cfg: FsdpConfig, compute: Precision, checkpointing: bool = False):
+    """FSDP with ``compute`` as the forward/backward dtype unless the role's
+    ``fsdp.param_dtype`` overrides it."""
+    return shard_model(model, sharding_config(fsdp_cfg, compute.dtype, checkpointing))
 
 
-def _critic(cfg: AppConfig, model_dir: Path):
+def _load(cfg: AppConfig, cls, model_dir: Path, dtype: torch.dtype, **kwargs):
+    """A HF model with the packed attention the trainer's forward passes use."""
+    attention = packed_attention_implementation(cfg.model.attn_implementation, default_device())
+    return cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention, **kwargs)
+
+
+def _critic(cfg: AppConfig, model_dir: Path, compute: Precision):
     """A value head on the actor's backbone; no dropout (the head defaults to 0.1). The head
     is freshly initialised from the global seed, identically on every rank."""
     critic_config = AutoConfig.from_pretrained(model_dir, num_labels=1)
     critic_config.classifier_dropout = 0.0
-    critic = AutoModelForTokenClassification.from_pretrained(
-        model_dir, config=critic_config, dtype=torch.float32
+    critic = _load(
+        cfg, AutoModelForTokenClassification, model_dir, torch.float32, config=critic_config
     )
-    critic = _sharded(critic, cfg.critic.fsdp)
+    critic = _sharded(critic, cfg.critic.fsdp, compute, cfg.model.gradient_checkpointing)
     optimizer = torch.optim.AdamW(
         critic.parameters(), lr=cfg.critic.lr, weight_decay=cfg.critic.weight_decay
     )
     return critic, optimizer
+
+
+def _reference(cfg: AppConfig, model_dir: Path, compute: Precision):
+    """The frozen reference, stored in the compute dtype (it has no master weights to keep);
+    ``None`` when neither KL path (in reward, in loss) reads it."""
+    if not (cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss):
+        log.info("no reference model: algorithm.use_kl_in_reward and actor.use_kl_loss are off")
+        return None
+    fsdp = cfg.ref.fsdp
+    dtype = getattr(torch, fsdp.param_dtype) if fsdp.param_dtype else compute.dtype
+    ref = _load(cfg, AutoModelForCausalLM, model_dir, dtype).eval()
+    ref.requires_grad_(False)
+    return _sharded(ref, cfg.ref.fsdp, compute)
 
 
 def build_components(cfg: AppConfig, model_dir: Path):
@@ -163,22 +187,30 @@ def build_components(cfg: AppConfig, model_dir: Path):
     tokenizer = load_tokenizer(model_dir)
     train = PromptDataset(read_rows(cfg.data.train_files), tokenizer, cfg.data)
     val = PromptDataset(read_rows(cfg.data.val_files), tokenizer, cfg.data)
+    compute = resolve_precision(cfg.model.dtype, default_device())
+    if skips_old_log_prob_pass(cfg):
+        log.info(
+            "on-policy steps (one mini-batch, actor.ppo_epochs=1, no KL in reward): "
+            "logπ_old = sg(logπ) in the update, no old-log-prob pass"
+        )
     actor = _sharded(
-        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), cfg.actor.fsdp
+        _load(cfg, AutoModelForCausalLM, model_dir, torch.float32),  # fp32 master weights
+        cfg.actor.fsdp,
+        compute,
+        cfg.model.gradient_checkpointing,
     )
-    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ref.requires_grad_(False)
-    ref = _sharded(ref, cfg.ref.fsdp)
-    critic, critic_opt = _critic(cfg, model_dir) if cfg.critic.enable else (None, None)
+    ref = _reference(cfg, model_dir, compute)
+    critic, critic_opt = _critic(cfg, model_dir, compute) if cfg.critic.enable else (None, None)
     actor_opt = torch.optim.AdamW(
         actor.parameters(), lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay
     )
-    engine = _engine(cfg, model_dir, tokenizer)
+    engine = _engine(cfg, model_dir, tokenizer, compute)
     components = Components(
         actor=actor,
         actor_optimizer=actor_opt,
         engine=engine,
-        weight_sync=WeightSync(lambda: iter_full_state_dict(actor), engine),
+        # Cast while streaming: the engine holds the compute dtype (half the bytes in bf16).
+        weight_sync=WeightSync(lambda: iter_full_state_dict(actor), engine, dtype=compute.dtype),
         tokenizer=tokenizer,
         rewards=RewardManager(cfg.reward.custom or None, cfg.reward.strict),
         kl_controller=make_kl_controller(cfg.algorithm),

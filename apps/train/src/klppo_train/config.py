@@ -26,7 +26,13 @@ class ModelConfig:
     """``path``: a local HF directory; empty = the embedded tiny model of the default recipe."""
 
     path: str = ""
-    dtype: str = "float32"
+    # Compute dtype of actor, critic, reference and rollout: float32 | bfloat16 | auto
+    # (bf16 on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.precision
+    dtype: str = "auto"
+    # Attention of the trainer's packed forward passes: auto (flash_attention_2 on CUDA where
+    # flash-attn is installed, else klppo_varlen) | klppo_varlen | flash_attention_2 | sdpa
+    # (transformers' dense [nnz, nnz] block mask) | eager. klppo_train.attention
+    attn_implementation: str = "auto"
     # Embedded model only: supervised warm-up before PPO, at most ``warmup_steps`` steps,
     # stopping once greedy accuracy on training rows reaches ``warmup_target_accuracy``.
     warmup_steps: int = 400

@@ -3,8 +3,10 @@
 The layout is verl's: ``input_ids`` ``[B, P + T]`` = left-padded prompts ``[B, P]`` followed
 by right-padded responses ``[B, T]``, with one ``attention_mask``. Each micro-batch (at most
 ``max_tokens`` valid tokens, :func:`batching.token_budget_micro_batches`) is packed into one
-row without padding (:func:`batching.pack`; the HF model builds the block-diagonal mask from
-the restarting position ids), and the results come back ``[B, T]`` in the input order.
+row without padding (:func:`batching.pack`), whose attention stays inside each sequence
+(:mod:`klppo_train.attention`: ``klppo_varlen``, linear in Σ Lᵢ²), and the results come back
+``[B, T]`` in the input order. Only the positions that predict a response token get logits
+(``logits_to_keep``: the prompt's ~half of the ``[tokens, vocab]`` head is never computed).
 Actor, reference and (with a value head instead of log-probs) critic all use this path.
 """
 
@@ -25,7 +27,13 @@ from batching import (
 )
 from ppo_core import entropy_from_logits, logprobs_from_logits
 
-PackedFn = Callable[[nn.Module, Packing], tuple[torch.Tensor, ...]]
+# compute(model, packing, keep) -> per-token outputs at the packed positions ``keep`` [K]
+PackedFn = Callable[[nn.Module, Packing, torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def _scatter(values: torch.Tensor, keep: torch.Tensor, nnz: int) -> torch.Tensor:
+    """``[K]`` values at packed positions ``keep`` → ``[nnz]`` (zeros elsewhere; differentiable)."""
+    return values.new_zeros(nnz).index_put((keep,), values)
 
 
 def per_response_token(
@@ -38,19 +46,21 @@ def per_response_token(
     max_tokens: int,
     num_micro_batches: int | None = None,
 ) -> list[torch.Tensor]:
-    """Run ``compute(model, packing) -> packed [nnz] tensors`` per micro-batch; return each
-    output as ``[B, T]``: the value at the position *before* each response token (the one
-    that predicts it), in the input order."""
+    """Run ``compute`` per micro-batch; return each output as ``[B, T]``: the value at the
+    position *before* each response token (the one that predicts it), in the input order."""
     lengths = attention_mask.sum(-1)
     plan = token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
+    # Position s predicts token s + 1: responses start at column P, so their values sit at
+    # columns P - 1 .. P + T - 2.
+    start = input_ids.shape[1] - response_length - 1
     outputs: list[list[torch.Tensor]] = []
     for members in plan.micro_batches:
         rows = torch.tensor(members, device=input_ids.device)
         packing = pack(input_ids[rows], attention_mask[rows])
-        outputs.append([unpack(t, packing) for t in compute(model, packing)])
-    # Position s predicts token s + 1: responses start at column P, so their values sit at
-    # columns P - 1 .. P + T - 2.
-    start = input_ids.shape[1] - response_length - 1
+        column = packing.indices % packing.seq_len
+        keep = ((column >= start) & (column < start + response_length)).nonzero().squeeze(-1)
+        packed = [_scatter(t, keep, packing.nnz) for t in compute(model, packing, keep)]
+        outputs.append([unpack(t, packing) for t in packed])
     return [
         restore_order([o[k] for o in outputs], plan)[:, start : start + response_length]
         for k in range(len(outputs[0]))
@@ -58,19 +68,20 @@ def per_response_token(
 
 
 def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
-    def compute(model: nn.Module, packing: Packing) -> tuple[torch.Tensor, ...]:
-        logits = model(**packing.model_kwargs()).logits  # [1, nnz, V]
+    def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = model(**packing.model_kwargs(), logits_to_keep=keep).logits[0]  # [K, V]
         labels, _ = next_token_labels(packing)
-        logprobs = logprobs_from_logits(logits, labels, temperature)[0]
+        logprobs = logprobs_from_logits(logits, labels[0, keep], temperature)
         if not with_entropy:
             return (logprobs,)
-        return logprobs, entropy_from_logits(logits / temperature)[0]
+        scaled = logits if temperature == 1.0 else logits / temperature
+        return logprobs, entropy_from_logits(scaled)
 
     return compute
 
 
-def _values(model: nn.Module, packing: Packing) -> tuple[torch.Tensor]:
-    return (model(**packing.model_kwargs()).logits[0, :, 0].float(),)  # [nnz] from [1, nnz, 1]
+def _values(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
+    return (model(**packing.model_kwargs()).logits[0, keep, 0].float(),)  # [K] of [1, nnz, 1]
 
 
 def response_values(

@@ -91,6 +91,16 @@ def _epochs(update, batch, epochs: int, rows_per_mini: int, seed: int) -> dict[s
     return {name: value / steps for name, value in sums.items()}
 
 
+def skips_old_log_prob_pass(cfg: AppConfig) -> bool:
+    """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not moved
+    since it generated, so the update uses logπ_old = sg(logπ) and the old-log-prob pass is
+    not run — unless the KL in the reward needs logπ before the update."""
+    one_update = (
+        cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
+    )
+    return one_update and not cfg.algorithm.use_kl_in_reward
+
+
 def ppo_step(
     c: Components, items: Sequence[PromptItem], cfg: AppConfig, *, step: int, version: int
 ) -> dict[str, float]:
@@ -110,22 +120,28 @@ def ppo_step(
             pad_token_id=c.tokenizer.pad_token_id,
             response_length=T,
         )
-    forward = {"max_tokens": cfg.ref.log_prob_max_token_len_per_gpu}
-    with timed(c, "old_log_prob"), torch.no_grad():
-        old, entropy = response_logprobs(
-            c.actor,
-            t.input_ids,
-            t.attention_mask,
-            T,
-            temperature=temperature,
-            with_entropy=True,
-            **forward,
-        )
+    old = entropy = None
+    if not skips_old_log_prob_pass(cfg):
+        with timed(c, "old_log_prob"), torch.no_grad():
+            old, entropy = response_logprobs(
+                c.actor,
+                t.input_ids,
+                t.attention_mask,
+                T,
+                temperature=temperature,
+                with_entropy=True,
+                max_tokens=cfg.rollout.log_prob_max_token_len_per_gpu,
+            )
     ref = None
     if c.ref is not None:
         with timed(c, "ref"), torch.no_grad():
             ref, _ = response_logprobs(
-                c.ref, t.input_ids, t.attention_mask, T, temperature=temperature, **forward
+                c.ref,
+                t.input_ids,
+                t.attention_mask,
+                T,
+                temperature=temperature,
+                max_tokens=cfg.ref.log_prob_max_token_len_per_gpu,
             )
     values = None
     if c.critic is not None:
@@ -162,7 +178,15 @@ def ppo_step(
                 )
             )
     with timed(c, "update_actor"):
-        pbatch = PolicyBatch(t.input_ids, t.attention_mask, t.response_mask, old, advantages, ref)
+        pbatch = PolicyBatch(
+            t.input_ids,
+            t.attention_mask,
+            t.response_mask,
+            old,
+            advantages,
+            ref,
+            engine_logprobs=t.engine_logprobs if old is None else None,
+        )
         metrics.update(
             _epochs(
                 lambda mb: actor_update_step(
@@ -180,15 +204,18 @@ def ppo_step(
     if values is not None:
         metrics["critic/vf_explained_var"] = explained_variance(values, returns, mask)
     metrics.update(advantage_metrics(advantages, returns, mask))
-    metrics.update({k: float(v) for k, v in logprob_mismatch(t.engine_logprobs, old, mask).items()})
+    if old is not None:  # else the update measured both in its own forward
+        mismatch = logprob_mismatch(t.engine_logprobs, old, mask)
+        metrics.update({k: float(v) for k, v in mismatch.items()})
+        metrics["actor/entropy"] = float(masked_mean(entropy, mask))
     metrics.update(c.rewards.metrics(reset=True))
     metrics.update(
         {
             "critic/score/mean": float((scores * mask).sum(-1).mean()),
             "response_length/mean": float(mask.sum(-1).float().mean()),
             "actor/policy_version_sampled": float(t.policy_version),
-            "actor/entropy": float(masked_mean(entropy, mask)),
             "actor/entropy_rollout": float(masked_mean(-t.engine_logprobs, mask)),
+            "actor/on_policy_shortcut": float(old is None),
         }
     )
     c.timings["timing_s/step"] = time.perf_counter() - step_start

@@ -31,6 +31,14 @@ def select_rows(batch: Any, index: torch.Tensor) -> Any:
     return replace(batch, **{k: v[index] for k, v in values.items() if v is not None})
 
 
+def _aggregate(totals: dict[str, float], name: str, value: float, weight: float) -> None:
+    # Maxima over tokens (``*_max``): the step's is the largest micro-batch's.
+    if name.endswith("_max"):
+        totals[name] = max(totals.get(name, value), value)
+    else:
+        totals[name] = totals.get(name, 0.0) + weight * value
+
+
 def _dp_sum(value: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         value = value.clone()
@@ -59,7 +67,8 @@ def micro_batch_step(
     prefix: str,
 ) -> dict[str, float]:
     """Backward every micro-batch of ``batch`` (fields ``attention_mask``, ``response_mask``),
-    clip, step (skipped on a non-finite norm); ``{prefix}/*`` metrics, token-weighted."""
+    clip, step (skipped on a non-finite norm); ``{prefix}/*`` metrics, token-weighted (a
+    name with its own ``/`` is kept as is; ``*_max`` metrics take the maximum)."""
     mask = batch.response_mask
     counts = global_counts(mask)
     lengths = batch.attention_mask.sum(-1)
@@ -75,7 +84,7 @@ def micro_batch_step(
         weight = float(mb.response_mask.sum()) / max(float(mask.sum()), 1.0)
         for name, value in metrics.items():
             share = 1.0 if name in SHARE_METRICS else weight
-            totals[f"{prefix}/{name}"] = totals.get(f"{prefix}/{name}", 0.0) + share * float(value)
+            _aggregate(totals, name if "/" in name else f"{prefix}/{name}", float(value), share)
     grad_norm = clip_grad_norm(model, grad_clip)
     if torch.isfinite(grad_norm):
         optimizer.step()

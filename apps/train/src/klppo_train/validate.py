@@ -12,7 +12,9 @@ import torch
 
 from batching import check_token_budgets
 from fsdp_sharding import MixedPrecision, ShardingConfig
+from klppo_train.attention import IMPLEMENTATIONS
 from klppo_train.config import AppConfig, FsdpConfig
+from klppo_train.precision import DTYPES
 from klppo_train.schedule import SCHEDULES
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
 from rollout import SamplingConfig
@@ -27,6 +29,8 @@ CHOICES = {
     "actor.kl_loss_type": KL_ESTIMATORS,
     "actor.lr_scheduler": SCHEDULES,
     "rollout.engine": ("vllm", "hf"),
+    "model.dtype": DTYPES,
+    "model.attn_implementation": IMPLEMENTATIONS,
 }
 
 
@@ -111,29 +115,44 @@ def _check_algorithm(c: AppConfig) -> None:
 def _check_token_budgets(c: AppConfig) -> list[str]:
     if not c.actor.use_dynamic_bsz:
         return []
-    findings = check_token_budgets(
-        c.data.max_prompt_length,
-        c.rollout.response_length,
-        actor=c.actor.ppo_max_token_len_per_gpu,
-        log_prob=c.ref.log_prob_max_token_len_per_gpu,
-        critic=c.critic.ppo_max_token_len_per_gpu,
-    )
-    keys = {
-        "actor": "actor.ppo_max_token_len_per_gpu",
-        "log_prob": "ref.log_prob_max_token_len_per_gpu",
-        "critic": "critic.ppo_max_token_len_per_gpu",
-    }
-    errors = [f"{keys[f.key]}: {f.message}" for f in findings if f.level == "error"]
+    messages: list[tuple[str, str, str]] = []  # (level, key, message)
+    # The old-log-prob pass runs on the rollout's budget, the reference pass on the ref's.
+    for log_prob_key in (
+        "rollout.log_prob_max_token_len_per_gpu",
+        "ref.log_prob_max_token_len_per_gpu",
+    ):
+        findings = check_token_budgets(
+            c.data.max_prompt_length,
+            c.rollout.response_length,
+            actor=c.actor.ppo_max_token_len_per_gpu,
+            log_prob=_get(c, log_prob_key),
+            critic=c.critic.ppo_max_token_len_per_gpu,
+        )
+        keys = {
+            "actor": "actor.ppo_max_token_len_per_gpu",
+            "log_prob": log_prob_key,
+            "critic": "critic.ppo_max_token_len_per_gpu",
+        }
+        for f in findings:
+            entry = (f.level, keys[f.key], f.message)
+            if entry not in messages:
+                messages.append(entry)
+    errors = [f"{key}: {message}" for level, key, message in messages if level == "error"]
     if errors:
         raise ValueError("; ".join(errors))
-    return [f"{keys[f.key]}: {f.message}" for f in findings]
+    return [f"{key}: {message}" for _, key, message in messages]
 
 
-def sharding_config(fsdp: FsdpConfig) -> ShardingConfig:
-    """The package config behind the YAML mirror (validates it too)."""
-    mixed = None
-    if fsdp.param_dtype:
-        mixed = MixedPrecision(getattr(torch, fsdp.param_dtype), torch.float32, torch.float32)
+def sharding_config(
+    fsdp: FsdpConfig,
+    compute_dtype: torch.dtype = torch.float32,
+    gradient_checkpointing: bool = False,
+) -> ShardingConfig:
+    """The package config behind the YAML mirror (validates it too): parameters in
+    ``compute_dtype`` (``model.dtype``) for forward/backward unless ``fsdp.param_dtype``
+    says otherwise; gradients reduced and buffers (rotary frequencies) kept in fp32."""
+    param_dtype = getattr(torch, fsdp.param_dtype) if fsdp.param_dtype else compute_dtype
+    mixed = MixedPrecision(param_dtype, torch.float32, torch.float32)
     return ShardingConfig(
         strategy=fsdp.strategy,
         forward_prefetch=fsdp.forward_prefetch,
@@ -141,6 +160,7 @@ def sharding_config(fsdp: FsdpConfig) -> ShardingConfig:
         param_offload=fsdp.param_offload,
         optimizer_offload=fsdp.optimizer_offload,
         mixed_precision=mixed,
+        gradient_checkpointing=gradient_checkpointing,
         fsdp_size=fsdp.fsdp_size,
     )
 

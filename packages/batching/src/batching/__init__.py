@@ -7,11 +7,20 @@
 - :func:`balance_across_ranks` → :class:`RankAssignment`: equal sequence counts per rank
   with balanced tokens
 - :func:`pack` → :class:`Packing`, :func:`unpack`: sequence packing (remove padding)
+- :func:`varlen_causal_attention` over a :func:`varlen_layout`: packed causal attention at
+  a cost linear in the sequences' own lengths (no ``[nnz, nnz]`` mask)
 - :func:`check_token_budgets`, :func:`suggest_token_budgets`: budget rules of thumb
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
+from batching.attention import (
+    AttentionGroup,
+    VarlenLayout,
+    group_by_length,
+    varlen_causal_attention,
+    varlen_layout,
+)
 from batching.budgets import BudgetFinding, TokenBudgets, check_token_budgets, suggest_token_budgets
 from batching.distributed import sync_num_micro_batches
 from batching.micro_batches import (
@@ -40,6 +49,8 @@ except PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "COMPUTE_LINEAR_COEFF",
+    "AttentionGroup",
+    "VarlenLayout",
     "BudgetFinding",
     "MicroBatchPlan",
     "Packing",
@@ -50,6 +61,7 @@ __all__ = [
     "block_causal_mask",
     "check_token_budgets",
     "first_fit_decreasing_count",
+    "group_by_length",
     "next_token_labels",
     "pack",
     "pack_values",
@@ -59,4 +71,6 @@ __all__ = [
     "sync_num_micro_batches",
     "token_budget_micro_batches",
     "unpack",
+    "varlen_causal_attention",
+    "varlen_layout",
 ]

@@ -93,13 +93,21 @@ class Packing:
         """Keyword arguments for a packed HF causal-LM forward (see the module docstring).
 
         ``attention_mask=None`` and ``use_cache=False`` are what make transformers build
-        the block-diagonal causal mask from the restarting ``position_ids``.
+        the block-diagonal causal mask from the restarting ``position_ids`` (``sdpa``,
+        ``eager``). The flash-attn varlen kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``)
+        are what ``flash_attention_2`` and a varlen attention registered with transformers
+        (:func:`batching.varlen_causal_attention`) read instead; other attention
+        implementations ignore them.
         """
         return {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
             "attention_mask": None,
             "use_cache": False,
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_seqlen,
+            "max_length_k": self.max_seqlen,
         }
 
     def to(self, device: torch.device | str) -> Packing:

@@ -23,19 +23,25 @@ class WeightSync:
         3. Only the engine's owner loads: pass ``engine=None`` on ranks that host no
            engine; they still drain the iterator.
         4. Versions increase: ``sync(version)`` with a version not above the last one raises.
+        5. With ``dtype``, each floating-point tensor is cast as it streams (one tensor at a
+           time, never a second copy of the model): fp32 master weights reach a bf16 engine
+           at half the bytes.
 
     Args:
         named_tensors: returns a fresh ``(hf_name, tensor)`` iterator each time it is called.
         engine: the engine this rank feeds, or ``None``.
+        dtype: the engine's weight dtype; ``None`` sends tensors as they come.
     """
 
     def __init__(
         self,
         named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
         engine: RolloutEngine | None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.named_tensors = named_tensors
         self.engine = engine
+        self.dtype = dtype
         self.version = engine.policy_version if engine is not None else 0
         self.metrics: dict[str, float] = {}
 
@@ -49,6 +55,8 @@ class WeightSync:
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in self.named_tensors():
+                if self.dtype is not None and tensor.is_floating_point():
+                    tensor = tensor.to(self.dtype)
                 moved["bytes"] += tensor.numel() * tensor.element_size()
                 yield name, tensor
 

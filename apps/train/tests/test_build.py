@@ -1,0 +1,151 @@
+"""What ``build_components`` makes of ``model.dtype``, ``model.gradient_checkpointing`` and
+the KL switches: real sharded models (1-rank gloo group), HF engine, tiny embedded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from train_testing import prompt_response_batch
+
+from klppo_train.build import build_components
+from klppo_train.config import load_config
+from klppo_train.data import write_parquet
+from klppo_train.distributed import init_distributed
+from klppo_train.embedded import build_model, build_tokenizer, save_atomically
+from klppo_train.forward import response_logprobs, response_values
+from klppo_train.precision import choose_cpu_dtype, resolve_precision
+from klppo_train.tasks import make_arithmetic_rows
+
+P, T = 24, 4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("build")
+    tokenizer = build_tokenizer()
+    save_atomically(build_model(len(tokenizer), seed=0, hidden=64), tokenizer, root / "model")
+    write_parquet(make_arithmetic_rows(8, seed=0), root / "rows.parquet")
+    return root
+
+
+@pytest.fixture
+def process_group():
+    init_distributed()
+    yield
+    dist.destroy_process_group()
+
+
+def build(root, *overrides):
+    cfg = load_config(
+        None,
+        [
+            f"model.path={root / 'model'}",
+            f"data.train_files=[{root / 'rows.parquet'}]",
+            f"data.val_files=[{root / 'rows.parquet'}]",
+            "data.max_prompt_length=64",
+            "rollout.engine=hf",
+            "algorithm.use_kl_in_reward=true",
+            *overrides,
+        ],
+    )
+    components, _, _ = build_components(cfg, root / "model")
+    return components
+
+
+def weight_dtypes_in_forward(model) -> set[torch.dtype]:
+    """dtypes of the weights every nn.Linear multiplies with during one packed forward."""
+    seen: set[torch.dtype] = set()
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args: seen.add(mod.weight.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
+    with torch.no_grad():
+        response_logprobs(model, ids, mask, T, max_tokens=1000)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+@pytest.mark.usefixtures("process_group")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_dtype_is_the_compute_dtype_of_every_role(model_dir, dtype) -> None:
+    c = build(model_dir, f"model.dtype={str(dtype).removeprefix('torch.')}")
+    # master weights (what AdamW steps) stay fp32; the frozen reference is stored in dtype
+    for optimizer in (c.actor_optimizer, c.critic_optimizer):
+        assert {p.dtype for g in optimizer.param_groups for p in g["params"]} == {torch.float32}
+    assert {p.dtype for p in c.ref.parameters()} == {dtype}
+    assert weight_dtypes_in_forward(c.actor) == {dtype}
+    assert weight_dtypes_in_forward(c.ref) == {dtype}
+    assert {p.dtype for p in c.engine.model.parameters()} == {dtype}
+    assert c.weight_sync.dtype == dtype
+
+
+@pytest.mark.usefixtures("process_group")
+def test_role_param_dtype_overrides_model_dtype(model_dir) -> None:
+    c = build(model_dir, "model.dtype=bfloat16", "actor.fsdp.param_dtype=float32")
+    assert weight_dtypes_in_forward(c.actor) == {torch.float32}
+    assert weight_dtypes_in_forward(c.ref) == {torch.bfloat16}
+
+
+def layer_forward_calls(model, run) -> int:
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    calls = [0]
+    hooks = [
+        m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in layers
+    ]
+    run()
+    for h in hooks:
+        h.remove()
+    return calls[0] // len(layers)
+
+
+@pytest.mark.usefixtures("process_group")
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gradient_checkpointing_recomputes_in_backward(model_dir, checkpointing) -> None:
+    c = build(model_dir, f"model.gradient_checkpointing={str(checkpointing).lower()}")
+    ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
+    runs = {
+        "actor": lambda: response_logprobs(c.actor, ids, mask, T, max_tokens=1000)[0],
+        "critic": lambda: response_values(c.critic, ids, mask, T, max_tokens=1000),
+    }
+    for role, forward in runs.items():
+        model = getattr(c, role)
+        # each decoder layer runs once in forward, and once more in backward when checkpointed
+        calls = layer_forward_calls(model, lambda f=forward: f().sum().backward())
+        assert calls == (2 if checkpointing else 1), role
+
+
+@pytest.mark.usefixtures("process_group")
+def test_no_reference_model_without_a_kl_path(model_dir) -> None:
+    assert build(model_dir, "algorithm.use_kl_in_reward=false").ref is None
+    assert build(model_dir, "algorithm.use_kl_in_reward=false", "actor.use_kl_loss=true").ref
+
+
+def test_auto_dtype_follows_the_matmul_probe() -> None:
+    # An AVX512-BF16/AMX CPU (numbers from our notes) and an AVX2-only one (bf16 ~4x slower).
+    fast = choose_cpu_dtype(fp32_gflops=215.0, bf16_gflops=950.0)
+    slow = choose_cpu_dtype(fp32_gflops=210.0, bf16_gflops=50.0)
+    assert fast.dtype == torch.bfloat16 and "950" in fast.reason and "4.42x" in fast.reason
+    assert slow.dtype == torch.float32 and "no fast bf16" in slow.reason
+
+
+def test_auto_dtype_probes_this_machine(caplog) -> None:
+    with caplog.at_level("INFO", logger="klppo_train"):
+        choice = resolve_precision("auto", torch.device("cpu"))
+    assert choice.dtype in (torch.float32, torch.bfloat16)
+    assert "GFLOP/s" in caplog.text and choice.name in caplog.text
+    assert resolve_precision("bfloat16", torch.device("cpu")).dtype == torch.bfloat16
+    assert resolve_precision("auto", torch.device("cuda")).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="model.dtype"):
+        resolve_precision("float16", torch.device("cpu"))
+
+
+@pytest.mark.usefixtures("process_group")
+@pytest.mark.parametrize(("setting", "runs"), [("auto", "klppo_varlen"), ("sdpa", "sdpa")])
+def test_attn_implementation_picks_the_attention_that_runs(model_dir, setting, runs) -> None:
+    c = build(model_dir, f"model.attn_implementation={setting}")
+    for model in (c.actor, c.critic, c.ref):
+        assert model.config._attn_implementation == runs
