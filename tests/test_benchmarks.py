@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,3 +32,18 @@ def test_batching_bench_runs_and_writes_json(tmp_path: Path) -> None:
     ours = [r for r in rows if r["planner"] == "ours"]
     assert len(ours) == 4
     assert all(r["over_cap_pct"] == 0.0 for r in ours)
+
+
+@pytest.mark.slow
+def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None:
+    """One bf16 step of the real SmolLM2 trainer run (the model is converted once, cached)."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "ppo_step_bench.py"), "--out", str(out)]
+    cmd += ["--settings", "2x2x4", "--steps", "1", "--rows", "bf16", "--skip-forward"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["steps"]
+    assert row["row"] == "bf16" and row["setting"] == "2x2x4"
+    assert row["step_s"] > 0 and row["floor_s"] > 0 and row["step_over_floor"] > 1
+    assert 0 < row["peak_rss_gb"] < 24
+    assert "| 2x2x4 | bf16 |" in run.stdout

@@ -13,20 +13,26 @@ fused (flash) kernel on CPU and GPU; padded query rows are computed and dropped.
 bounds the padding: a group's longest sequence is at most ``group_ratio`` times its
 shortest. The result is exact (the same arithmetic as a padded forward).
 
-Which packed-attention path to use (SmolLM2-135M forward, no grad, 2 CPU threads,
-torch 2.13.0+cpu; ``benchmarks/ppo_step_bench.py`` measures it again)
-----------------------------------------------------------------------------------------
-=========================================================  =============  ==============
-path (58 sequences of 40–70 tokens, 3216 valid tokens)     fp32           bf16
-=========================================================  =============  ==============
-packed, HF block-diagonal ``[nnz, nnz]`` mask (``sdpa``)    9.08 s ¹       5.58 s ¹
-padded ``[58, 70]`` with attention mask                     6.29 s ¹       2.04 s ¹
-packed, :func:`varlen_causal_attention` (this module)       see benchmark  see benchmark
-=========================================================  =============  ==============
+Which packed-attention path to use (SmolLM2-135M backbone forward, no grad, 2 CPU threads,
+torch 2.13.0+cpu, transformers 5.19; sequences of 40–70 tokens, ~20 % padding when padded;
+``benchmarks/ppo_step_bench.py`` measures it again)
+-----------------------------------------------------------------------------------------
+Intel Xeon with AMX-BF16 (matmul peak fp32 431, bf16 2709 GFLOP/s), 2026-12-01:
 
-¹ ``../shared/notes/cpu-speed.md`` (an AMD EPYC with AVX512-BF16). ``flash_attention_2``
-(flash-attn's own varlen kernel) stays the GPU path where it is installed; HF passes it
-the same ``cu_seqlens``.
+=====================================  ========  ========  ========  ========  ========
+seconds per forward                    fp32 1k   fp32 4k   fp32 16k  bf16 4k   bf16 16k
+=====================================  ========  ========  ========  ========  ========
+packed, :func:`varlen_causal_attention` 0.77      3.21      16.0      0.93      6.32
+padded to the longest, attention mask  0.88      4.18      21.2      1.11      5.92
+packed, HF dense ``[nnz, nnz]`` mask   0.97      7.86      (~9 GB)   2.53      (~9 GB)
+=====================================  ========  ========  ========  ========  ========
+
+Per token the packed path costs 0.76 / 0.78 / 0.98 ms (fp32, 1k / 4k / 16k) and 0.28 / 0.23 /
+0.39 ms (bf16): the attention work is linear, the growth at 16k is the rest of the model
+(activations falling out of cache), which the padded forward shows as well. An AMD EPYC with
+AVX512-BF16 (``../shared/notes/cpu-speed.md``, 58 sequences, 3216 tokens) gave: dense mask
+9.08 s fp32 / 5.58 s bf16, padded 6.29 / 2.04 s. ``flash_attention_2`` (flash-attn's own
+varlen kernel) stays the GPU path where it is installed; it reads the same ``cu_seqlens``.
 """
 
 from __future__ import annotations

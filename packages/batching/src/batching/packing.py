@@ -15,7 +15,9 @@ rotary positions 0..L-1. Measured on tiny fp32 Qwen2 and Llama models against th
 forward (``attention_mask`` plus ``position_ids = cumsum(mask) - 1``, what HF generation
 uses for left padding), max abs difference of next-token log-probs:
 
-* Works, and is the path to use: HF's own packed-sequence detection. Call::
+* Exact but quadratic: HF's own packed-sequence detection (the dense mask costs ``nnz²``
+  time and memory, slower than padding on CPU; the faster, linear path is
+  :func:`batching.varlen_causal_attention`, see ``batching/attention.py``). Call::
 
       model(**packing.model_kwargs())
       # == model(input_ids=packing.input_ids, position_ids=packing.position_ids,

