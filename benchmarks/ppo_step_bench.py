@@ -8,12 +8,12 @@ single-digit addition), the same for every row (same data, same seeds). Each row
 run of the trainer (``python -m klppo_train`` on that recipe: actor + critic + reference +
 vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4``):
 
-- ``fp32, sdpa``: float32 with transformers' ``sdpa`` packed attention (the dense
+- ``fp32-sdpa``: float32 with transformers' ``sdpa`` packed attention (the dense
   ``[nnz, nnz]`` block mask: the path before ``klppo_varlen``)
 - ``fp32``: float32, ``klppo_varlen`` attention
 - ``bf16``: ``model.dtype=bfloat16`` (fp32 master weights, bf16 compute, bf16 reference and
   engine)
-- ``bf16 + ckpt``: the same with ``model.gradient_checkpointing=true``
+- ``bf16+ckpt``: the same with ``model.gradient_checkpointing=true``
 
 The step reported is the last of ``--steps`` (the first one pays one-off costs). Columns:
 seconds per phase (``timing_s/*``), step time, tokens/s (prompt + response tokens of the
@@ -50,10 +50,10 @@ CACHE = ROOT / "runs" / "bench"
 RECIPE = ROOT / "apps" / "train" / "recipes" / "smollm2_arith.yaml"
 RESULTS = RESULTS_DIR / "ppo_step_bench.json"
 ROWS = {
-    "fp32, sdpa": ["model.dtype=float32", "model.attn_implementation=sdpa"],
+    "fp32-sdpa": ["model.dtype=float32", "model.attn_implementation=sdpa"],
     "fp32": ["model.dtype=float32"],
     "bf16": ["model.dtype=bfloat16"],
-    "bf16 + ckpt": ["model.dtype=bfloat16", "model.gradient_checkpointing=true"],
+    "bf16+ckpt": ["model.dtype=bfloat16", "model.gradient_checkpointing=true"],
 }
 PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 FORWARD_ONLY = ("old_log_prob", "ref", "values")
@@ -266,11 +266,11 @@ def print_tables(result: dict) -> None:
             r[c] if isinstance(r[c], str) else "-" if r[c] is None else f"{r[c]:.2f}" for c in cols
         ]
         print("| " + " | ".join(cells) + " |")
-    base = {r["setting"]: r["step_s"] for r in result["steps"] if r["row"] == "fp32, sdpa"}
+    base = {r["setting"]: r["step_s"] for r in result["steps"] if r["row"] == "fp32-sdpa"}
     for r in result["steps"]:
         r["speedup_vs_fp32_sdpa"] = base[r["setting"]] / r["step_s"] if base else float("nan")
     print(
-        "\nspeed-up vs fp32, sdpa: "
+        "\nspeed-up vs fp32-sdpa: "
         + ", ".join(
             f"{r['setting']} {r['row']} {r['speedup_vs_fp32_sdpa']:.2f}x" for r in result["steps"]
         )

@@ -56,10 +56,12 @@ class AttentionGroup:
         gather: ``[G, L]`` int64 packed-token index of each slot; padding slots repeat the
             sequence's first token (never attended to: they come after every valid key).
         valid: ``[G, L]`` bool, True for the slots that hold a real token.
+        valid_slots: ``[n_valid]`` int64 flat indices of the valid slots in ``[G * L]``.
     """
 
     gather: torch.Tensor
     valid: torch.Tensor
+    valid_slots: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ def varlen_layout(cu_seqlens: torch.Tensor, ratio: float = DEFAULT_GROUP_RATIO) 
         offset = torch.arange(width, device=device)
         valid = offset[None, :] < length[:, None]
         gather = first[:, None] + torch.where(valid, offset[None, :], 0)
-        groups.append(AttentionGroup(gather=gather, valid=valid))
+        slots = valid.reshape(-1).nonzero().squeeze(-1)
+        groups.append(AttentionGroup(gather=gather, valid=valid, valid_slots=slots))
         pieces.append(gather[valid])
     nnz = starts[-1] - starts[0]
     inverse = torch.zeros(nnz, dtype=torch.long, device=device)
@@ -153,12 +156,24 @@ def varlen_causal_attention(
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     # sdpa's own grouped-query path: 1.2-1.6x faster on CPU than repeating K/V heads.
     gqa = query.shape[1] != key.shape[1]
+    # CPU sdpa's bf16 *backward* is slow (SmolLM2 shapes, 2 threads: 50 ms per layer vs 18 ms
+    # in fp32; its bf16 forward is fast), so a bf16 training forward attends in fp32.
+    upcast = query.dtype == torch.bfloat16 and query.device.type == "cpu" and query.requires_grad
     outputs = []
     for group in layout.groups:
-        # [G, L, H, D] -> [G, H, L, D]
-        q, k, v = (t[group.gather].transpose(1, 2) for t in (query, key, value))
+        # index_select, not t[gather]: its backward is an index_add (advanced indexing's is a
+        # sort-based accumulate, 2-3x slower on CPU). [G*L, H, D] -> [G, H, L, D]
+        index = group.gather.reshape(-1)
+        q, k, v = (
+            t.index_select(0, index).view(*group.gather.shape, *t.shape[1:]).transpose(1, 2)
+            for t in (query, key, value)
+        )
+        if upcast:
+            q, k, v = q.float(), k.float(), v.float()
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p, enable_gqa=gqa
         )
-        outputs.append(out.transpose(1, 2)[group.valid])  # [n_valid, H, D]
-    return torch.cat(outputs)[layout.inverse]
+        heads, dim = out.shape[1], out.shape[3]
+        out = out.transpose(1, 2).reshape(index.shape[0], heads, dim)  # [G*L, H, D]
+        outputs.append(out.index_select(0, group.valid_slots).to(query.dtype))  # [n_valid, H, D]
+    return torch.cat(outputs).index_select(0, layout.inverse)
