@@ -47,3 +47,17 @@ def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None
     assert row["step_s"] > 0 and row["floor_s"] > 0 and row["step_over_floor"] > 1
     assert 0 < row["peak_rss_gb"] < 24
     assert "| 2x2x4 | bf16 |" in run.stdout
+
+
+@pytest.mark.slow
+def test_trl_ppo_bench_runs_trl_in_its_own_venv(tmp_path: Path) -> None:
+    """TRL's PPO really runs (its own venv, pip + this machine's CPU torch), one tiny step."""
+    out = tmp_path / "trl.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "trl_ppo_bench.py"), "--out", str(out)]
+    cmd += ["--settings", "2x2x4", "--steps", "1", "--variants", "fp32"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert row["variant"] == "TRL fp32" and row["step_s"] > 0 and row["mixed_precision"] == "no"
+    assert result["versions"]["torch"].endswith("+cpu") and result["versions"]["trl"] == "1.12.0"
