@@ -54,6 +54,7 @@ ROWS = {
     "fp32": ["model.dtype=float32"],
     "bf16": ["model.dtype=bfloat16"],
     "bf16+ckpt": ["model.dtype=bfloat16", "model.gradient_checkpointing=true"],
+    "bf16+compile": ["model.dtype=bfloat16", "model.compile=true"],
 }
 PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 FORWARD_ONLY = ("old_log_prob", "ref", "values")

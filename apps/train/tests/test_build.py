@@ -149,3 +149,19 @@ def test_attn_implementation_picks_the_attention_that_runs(model_dir, setting, r
     c = build(model_dir, f"model.attn_implementation={setting}")
     for model in (c.actor, c.critic, c.ref):
         assert model.config._attn_implementation == runs
+
+
+@pytest.mark.usefixtures("process_group")
+def test_model_compile_compiles_the_blocks_and_keeps_the_numbers(model_dir) -> None:
+    eager = build(model_dir, "model.dtype=float32")
+    compiled = build(model_dir, "model.dtype=float32", "model.compile=true")
+    for c, want in ((eager, False), (compiled, True)):
+        blocks = [m for m in c.actor.modules() if type(m).__name__.endswith(("MLP", "RMSNorm"))]
+        assert blocks and {m._compiled_call_impl is not None for m in blocks} == {want}
+    ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
+    valid = mask[:, P:].bool()
+    got, _ = response_logprobs(compiled.actor, ids, mask, T, max_tokens=1000)
+    want, _ = response_logprobs(eager.actor, ids, mask, T, max_tokens=1000)
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
+    got.sum().backward()  # the compiled backward runs too
+    assert all(p.grad is not None for p in compiled.actor.parameters())

@@ -148,10 +148,33 @@ def _sharded(model, fsdp_cfg: FsdpConfig, compute: Precision, checkpointing: boo
     return shard_model(model, sharding_config(fsdp_cfg, compute.dtype, checkpointing))
 
 
+COMPILED_BLOCKS = ("MLP", "RMSNorm")
+
+
+def compile_blocks(model) -> int:
+    """``torch.compile`` every module whose class name ends in one of ``COMPILED_BLOCKS``
+    (transformers' naming: ``LlamaMLP``, ``Qwen2RMSNorm``, ...); returns how many.
+
+    Why these: on CPU their chains of bf16 elementwise ops (norm, SiLU·up, casts) are most of
+    the non-matmul time, and inductor fuses each chain into one kernel (SmolLM2 critic, bf16,
+    3584 tokens, forward + backward: 4.63 s eager → 2.94 s). Attention stays eager (its
+    per-length groups are Python-level); shapes are dynamic, so new micro-batch sizes reuse
+    the compiled code.
+    """
+    blocks = [m for m in model.modules() if type(m).__name__.endswith(COMPILED_BLOCKS)]
+    for block in blocks:
+        block.compile(dynamic=True)
+    return len(blocks)
+
+
 def _load(cfg: AppConfig, cls, model_dir: Path, dtype: torch.dtype, **kwargs):
-    """A HF model with the packed attention the trainer's forward passes use."""
+    """A HF model with the packed attention the trainer's forward passes use (and its
+    blocks compiled when ``model.compile``)."""
     attention = packed_attention_implementation(cfg.model.attn_implementation, default_device())
-    return cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention, **kwargs)
+    model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention, **kwargs)
+    if cfg.model.compile:
+        log.info("torch.compile: %d blocks of %s", compile_blocks(model), type(model).__name__)
+    return model
 
 
 def adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:

@@ -38,6 +38,9 @@ class ModelConfig:
     warmup_steps: int = 400
     warmup_target_accuracy: float = 0.25
     gradient_checkpointing: bool = False
+    # torch.compile the elementwise-heavy blocks (every *MLP and *RMSNorm module) of actor,
+    # critic and reference: one compile of a few seconds per role (identical layers share it).
+    compile: bool = False
 
 
 @dataclass(frozen=True)
