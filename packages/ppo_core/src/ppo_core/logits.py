@@ -19,10 +19,15 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _row_chunks(num_rows: int, vocab: int):
-    rows = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
-    for start in range(0, num_rows, rows):
-        yield slice(start, min(start + rows, num_rows))
+def _row_chunks(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``[N, V]`` → row chunks of at most ``_CHUNK_ELEMENTS`` elements.
+
+    ``split``, not slicing: the backward of a split is one concatenation of the chunks'
+    gradients, while each slice's backward zero-fills and adds a whole ``[N, V]`` gradient
+    (measured on SmolLM2's 49k vocabulary: ~1.5 s of a 6 s actor forward + backward).
+    """
+    rows = max(1, _CHUNK_ELEMENTS // max(flat.shape[-1], 1))
+    return flat.split(rows) if flat.shape[0] else ()
 
 
 def logprobs_from_logits(
@@ -54,11 +59,12 @@ def logprobs_from_logits(
     flat_labels = labels.reshape(-1, 1).long()
     dtype = _compute_dtype(logits.dtype)
     pieces = []
-    for rows in _row_chunks(flat_logits.shape[0], vocab):
-        z = flat_logits[rows].to(dtype)
+    label_chunks = flat_labels.split(max(1, _CHUNK_ELEMENTS // max(vocab, 1)))
+    for chunk, labels_of_chunk in zip(_row_chunks(flat_logits), label_chunks, strict=True):
+        z = chunk.to(dtype)
         if temperature != 1.0:
             z = z / temperature
-        picked = z.gather(-1, flat_labels[rows]).squeeze(-1)
+        picked = z.gather(-1, labels_of_chunk).squeeze(-1)
         pieces.append(picked - torch.logsumexp(z, dim=-1))
     out = torch.cat(pieces) if pieces else flat_logits.new_zeros(0, dtype=dtype)
     return out.reshape(labels.shape)
@@ -77,8 +83,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     flat = logits.reshape(-1, vocab)
     dtype = _compute_dtype(logits.dtype)
     pieces = []
-    for rows in _row_chunks(flat.shape[0], vocab):
-        z = flat[rows].to(dtype)
+    for chunk in _row_chunks(flat):
+        z = chunk.to(dtype)
         probs = torch.softmax(z, dim=-1)
         pieces.append(torch.logsumexp(z, dim=-1) - (probs * z).sum(dim=-1))
     out = torch.cat(pieces) if pieces else flat.new_zeros(0, dtype=dtype)
