@@ -102,3 +102,19 @@ def test_varlen_attention_never_builds_a_token_by_token_mask(monkeypatch) -> Non
         assert sizes == []
         model(input_ids=ids, attention_mask=mask)
     assert sizes == [(5, 1, P + T, P + T)]
+
+
+def test_varlen_attention_finds_the_sequences_from_position_ids_alone() -> None:
+    """A packed call without the cu_seq_lens kwargs (e.g. a caller's own packing) still keeps
+    each sequence to itself: boundaries come from the restarting position ids."""
+    from batching import pack
+
+    ids, mask, _ = batch()
+    p = pack(ids, mask)
+    plain = {"input_ids": p.input_ids, "position_ids": p.position_ids, "use_cache": False}
+    with torch.no_grad():
+        got = tiny_model(VARLEN).eval()(**plain).logits
+        want = tiny_model("sdpa").eval()(**plain).logits  # HF's block-diagonal mask
+        cross = tiny_model(VARLEN).eval()(input_ids=p.input_ids, use_cache=False).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert not torch.allclose(cross, want, atol=1e-3)  # arange positions: one long sequence
