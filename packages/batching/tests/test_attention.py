@@ -48,10 +48,8 @@ def test_layout_by_hand():
     layout = varlen_layout(cu_seqlens([2, 3, 0, 1]), ratio=2.0)
     # groups: [seq 1 (3 tokens), seq 0 (2)] then [seq 3 (1)]
     assert [g.gather.tolist() for g in layout.groups] == [[[2, 3, 4], [0, 1, 0]], [[5]]]
-    assert [g.valid.tolist() for g in layout.groups] == [
-        [[True, True, True], [True, True, False]],
-        [[True]],
-    ]
+    # valid slots of [G * L]: all 3 of seq 1, the first 2 of seq 0 (slot 5 is padding)
+    assert [g.valid_slots.tolist() for g in layout.groups] == [[0, 1, 2, 3, 4], [0]]
     # group-order rows: tokens 2,3,4,0,1,5 -> packed token t sits at row inverse[t]
     assert layout.inverse.tolist() == [3, 4, 0, 1, 2, 5]
     assert layout.nnz == 6

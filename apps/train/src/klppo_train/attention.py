@@ -16,7 +16,6 @@ accuracy, HF generation all call the trainer's models that way).
 from __future__ import annotations
 
 import importlib.util
-import logging
 
 import torch
 from transformers import AttentionInterface
@@ -26,7 +25,6 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from batching import VarlenLayout, varlen_causal_attention, varlen_layout
 
 VARLEN = "klppo_varlen"
-log = logging.getLogger("klppo_train")
 
 # The layout of the row being run: every layer of one forward gets the same cu_seqlens
 # tensor, so it is computed once per forward (one host read of cu_seqlens).

@@ -23,7 +23,6 @@ from batching import (
     pack,
     restore_order,
     token_budget_micro_batches,
-    unpack,
 )
 from ppo_core import entropy_from_logits, logprobs_from_logits
 
@@ -31,9 +30,12 @@ from ppo_core import entropy_from_logits, logprobs_from_logits
 PackedFn = Callable[[nn.Module, Packing, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
-def _scatter(values: torch.Tensor, keep: torch.Tensor, nnz: int) -> torch.Tensor:
-    """``[K]`` values at packed positions ``keep`` → ``[nnz]`` (zeros elsewhere; differentiable)."""
-    return values.new_zeros(nnz).index_put((keep,), values)
+def _padded(values: torch.Tensor, keep: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """``[K]`` values at packed positions ``keep`` → ``[B, S]`` (zeros elsewhere;
+    differentiable): one scatter straight into the padded layout."""
+    out = values.new_zeros(packing.batch_size * packing.seq_len)
+    out = out.index_put((packing.indices[keep],), values)
+    return out.view(packing.batch_size, packing.seq_len)
 
 
 def per_response_token(
@@ -59,8 +61,7 @@ def per_response_token(
         packing = pack(input_ids[rows], attention_mask[rows])
         column = packing.indices % packing.seq_len
         keep = ((column >= start) & (column < start + response_length)).nonzero().squeeze(-1)
-        packed = [_scatter(t, keep, packing.nnz) for t in compute(model, packing, keep)]
-        outputs.append([unpack(t, packing) for t in packed])
+        outputs.append([_padded(t, keep, packing) for t in compute(model, packing, keep)])
     return [
         restore_order([o[k] for o in outputs], plan)[:, start : start + response_length]
         for k in range(len(outputs[0]))

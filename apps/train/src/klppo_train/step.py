@@ -101,6 +101,20 @@ def skips_old_log_prob_pass(cfg: AppConfig) -> bool:
     return one_update and not cfg.algorithm.use_kl_in_reward
 
 
+@torch.no_grad()
+def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, max_tokens: int, **kwargs):
+    """Response log-probs (and entropy with ``with_entropy=True``) of ``model`` on the batch."""
+    return response_logprobs(
+        model,
+        t.input_ids,
+        t.attention_mask,
+        cfg.rollout.response_length,
+        temperature=cfg.rollout.temperature,
+        max_tokens=max_tokens,
+        **kwargs,
+    )
+
+
 def ppo_step(
     c: Components, items: Sequence[PromptItem], cfg: AppConfig, *, step: int, version: int
 ) -> dict[str, float]:
@@ -120,29 +134,14 @@ def ppo_step(
             pad_token_id=c.tokenizer.pad_token_id,
             response_length=T,
         )
-    old = entropy = None
+    old = entropy = ref = None
     if not skips_old_log_prob_pass(cfg):
-        with timed(c, "old_log_prob"), torch.no_grad():
-            old, entropy = response_logprobs(
-                c.actor,
-                t.input_ids,
-                t.attention_mask,
-                T,
-                temperature=temperature,
-                with_entropy=True,
-                max_tokens=cfg.rollout.log_prob_max_token_len_per_gpu,
-            )
-    ref = None
+        with timed(c, "old_log_prob"):
+            budget = cfg.rollout.log_prob_max_token_len_per_gpu
+            old, entropy = _no_grad_logprobs(c.actor, t, cfg, budget, with_entropy=True)
     if c.ref is not None:
-        with timed(c, "ref"), torch.no_grad():
-            ref, _ = response_logprobs(
-                c.ref,
-                t.input_ids,
-                t.attention_mask,
-                T,
-                temperature=temperature,
-                max_tokens=cfg.ref.log_prob_max_token_len_per_gpu,
-            )
+        with timed(c, "ref"):
+            ref, _ = _no_grad_logprobs(c.ref, t, cfg, cfg.ref.log_prob_max_token_len_per_gpu)
     values = None
     if c.critic is not None:
         with timed(c, "values"), torch.no_grad():

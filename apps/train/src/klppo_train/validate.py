@@ -115,32 +115,31 @@ def _check_algorithm(c: AppConfig) -> None:
 def _check_token_budgets(c: AppConfig) -> list[str]:
     if not c.actor.use_dynamic_bsz:
         return []
-    messages: list[tuple[str, str, str]] = []  # (level, key, message)
-    # The old-log-prob pass runs on the rollout's budget, the reference pass on the ref's.
-    for log_prob_key in (
-        "rollout.log_prob_max_token_len_per_gpu",
-        "ref.log_prob_max_token_len_per_gpu",
-    ):
-        findings = check_token_budgets(
+
+    def findings(log_prob_key: str) -> list[tuple[str, str]]:
+        keys = {
+            "actor": "actor.ppo_max_token_len_per_gpu",
+            "log_prob": log_prob_key,
+            "critic": "critic.ppo_max_token_len_per_gpu",
+        }
+        found = check_token_budgets(
             c.data.max_prompt_length,
             c.rollout.response_length,
             actor=c.actor.ppo_max_token_len_per_gpu,
             log_prob=_get(c, log_prob_key),
             critic=c.critic.ppo_max_token_len_per_gpu,
         )
-        keys = {
-            "actor": "actor.ppo_max_token_len_per_gpu",
-            "log_prob": log_prob_key,
-            "critic": "critic.ppo_max_token_len_per_gpu",
-        }
-        for f in findings:
-            entry = (f.level, keys[f.key], f.message)
-            if entry not in messages:
-                messages.append(entry)
-    errors = [f"{key}: {message}" for level, key, message in messages if level == "error"]
+        return [(f.level, f"{keys[f.key]}: {f.message}") for f in found]
+
+    # The old-log-prob pass runs on the rollout's budget, the reference pass on the ref's:
+    # all findings for the first, the log-prob ones for the second.
+    ref_key = "ref.log_prob_max_token_len_per_gpu"
+    messages = findings("rollout.log_prob_max_token_len_per_gpu")
+    messages += [m for m in findings(ref_key) if m[1].startswith(ref_key)]
+    errors = [text for level, text in messages if level == "error"]
     if errors:
         raise ValueError("; ".join(errors))
-    return [f"{key}: {message}" for _, key, message in messages]
+    return [text for _, text in messages]
 
 
 def sharding_config(

@@ -10,7 +10,7 @@ runs ``scaled_dot_product_attention(is_causal=True)`` on *groups of sequences of
 length*, each group gathered into a right-padded ``[G, H, L_max, D]`` block. With right
 padding a causal query never sees a padded key, so no mask is needed and sdpa takes its
 fused (flash) kernel on CPU and GPU; padded query rows are computed and dropped. Grouping
-bounds the padding: a group's longest sequence is at most ``group_ratio`` times its
+bounds the padding: a group's longest sequence is at most ``ratio`` times its
 shortest. The result is exact (the same arithmetic as a padded forward).
 
 Which packed-attention path to use (SmolLM2-135M backbone forward, no grad, 2 CPU threads,
@@ -55,12 +55,11 @@ class AttentionGroup:
     Attributes:
         gather: ``[G, L]`` int64 packed-token index of each slot; padding slots repeat the
             sequence's first token (never attended to: they come after every valid key).
-        valid: ``[G, L]`` bool, True for the slots that hold a real token.
-        valid_slots: ``[n_valid]`` int64 flat indices of the valid slots in ``[G * L]``.
+        valid_slots: ``[n_valid]`` int64 flat indices, in ``[G * L]``, of the slots that hold
+            a real token.
     """
 
     gather: torch.Tensor
-    valid: torch.Tensor
     valid_slots: torch.Tensor
 
 
@@ -113,8 +112,8 @@ def varlen_layout(cu_seqlens: torch.Tensor, ratio: float = DEFAULT_GROUP_RATIO) 
         valid = offset[None, :] < length[:, None]
         gather = first[:, None] + torch.where(valid, offset[None, :], 0)
         slots = valid.reshape(-1).nonzero().squeeze(-1)
-        groups.append(AttentionGroup(gather=gather, valid=valid, valid_slots=slots))
-        pieces.append(gather[valid])
+        groups.append(AttentionGroup(gather=gather, valid_slots=slots))
+        pieces.append(gather.reshape(-1)[slots])
     nnz = starts[-1] - starts[0]
     inverse = torch.zeros(nnz, dtype=torch.long, device=device)
     if pieces:
