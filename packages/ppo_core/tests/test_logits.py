@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ppo_core.logits as logits_module
-from ppo_core import entropy_from_logits, logprobs_from_logits
+from ppo_core import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
 
 # softmax([0, ln 2, ln 3]) = [1/6, 2/6, 3/6]
 Z = torch.tensor([[[0.0, math.log(2), math.log(3)]]], dtype=torch.float64)
@@ -71,3 +71,63 @@ def test_bad_arguments() -> None:
         logprobs_from_logits(Z, torch.tensor([[0.0]]))
     with pytest.raises(ValueError, match="temperature"):
         logprobs_from_logits(Z, torch.tensor([[0]]), temperature=0.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hand_written_backward_passes_gradcheck(tiny_chunks, temperature) -> None:
+    torch.manual_seed(2)
+    logits = torch.randn(3, 5, 13, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 13, (3, 5))
+
+    def both(z):
+        return logprobs_and_entropy(z, labels, temperature)
+
+    assert torch.autograd.gradcheck(both, (logits,))
+    # Each output alone (the other's gradient arrives as None).
+    assert torch.autograd.gradcheck(lambda z: both(z)[0], (logits,))
+    assert torch.autograd.gradcheck(lambda z: both(z)[1], (logits,))
+
+
+def test_joint_values_equal_log_softmax_reference(tiny_chunks) -> None:
+    torch.manual_seed(3)
+    logits = torch.randn(4, 7, 13, dtype=torch.float64) * 4
+    labels = torch.randint(0, 13, (4, 7))
+    logprob, entropy = logprobs_and_entropy(logits, labels, temperature=1.3)
+    log_p = torch.log_softmax(logits / 1.3, -1)
+    torch.testing.assert_close(logprob, log_p.gather(-1, labels[..., None]).squeeze(-1))
+    torch.testing.assert_close(entropy, -(log_p.exp() * log_p).sum(-1))
+    assert logprobs_and_entropy(logits, labels, with_entropy=False)[1] is None
+
+
+def test_bf16_gradient_matches_float64(tiny_chunks) -> None:
+    torch.manual_seed(4)
+    logits = (torch.randn(6, 13) * 3).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 13, (6,))
+    logprob, entropy = logprobs_and_entropy(logits, labels)
+    (logprob.sum() + 0.5 * entropy.sum()).backward()
+    exact = logits.detach().double().requires_grad_()
+    lp, h = logprobs_and_entropy(exact, labels)
+    (lp.sum() + 0.5 * h.sum()).backward()
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad.double(), exact.grad, rtol=0, atol=1e-2)
+
+
+def test_autograd_keeps_no_float32_copy_of_the_logits() -> None:
+    # The memory point of the chunked backward: what autograd saves is the logits themselves
+    # (bf16 here) and per-row floats, never a [N, V] float32 softmax or log-softmax.
+    logits = torch.randn(64, 1000).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 1000, (64,))
+    saved = []
+
+    def pack(t):
+        saved.append((t.dtype, t.numel()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logprobs_and_entropy(logits, labels)
+    assert saved and all(n <= 64 or dtype == torch.bfloat16 for dtype, n in saved), saved
+
+
+def test_empty_input() -> None:
+    logprob, entropy = logprobs_and_entropy(torch.zeros(0, 5), torch.zeros(0, dtype=torch.long))
+    assert logprob.shape == entropy.shape == (0,)

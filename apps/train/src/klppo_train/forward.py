@@ -24,7 +24,7 @@ from batching import (
     restore_order,
     token_budget_micro_batches,
 )
-from ppo_core import entropy_from_logits, logprobs_from_logits
+from ppo_core import logprobs_and_entropy
 
 # compute(model, packing, keep) -> per-token outputs at the packed positions ``keep`` [K]
 PackedFn = Callable[[nn.Module, Packing, torch.Tensor], tuple[torch.Tensor, ...]]
@@ -72,11 +72,8 @@ def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
     def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logits = model(**packing.model_kwargs(), logits_to_keep=keep).logits[0]  # [K, V]
         labels, _ = next_token_labels(packing)
-        logprobs = logprobs_from_logits(logits, labels[0, keep], temperature)
-        if not with_entropy:
-            return (logprobs,)
-        scaled = logits if temperature == 1.0 else logits / temperature
-        return logprobs, entropy_from_logits(scaled)
+        logprobs, entropy = logprobs_and_entropy(logits, labels[0, keep], temperature, with_entropy)
+        return (logprobs,) if entropy is None else (logprobs, entropy)
 
     return compute
 

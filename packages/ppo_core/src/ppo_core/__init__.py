@@ -3,7 +3,7 @@
 Plain functions with explicit arguments, so they drop into any training loop:
 
 - masked ops: :func:`masked_mean`, :func:`masked_sum`, :func:`masked_var`, :func:`masked_whiten`
-- logits: :func:`logprobs_from_logits`, :func:`entropy_from_logits`
+- logits: :func:`logprobs_and_entropy`, :func:`logprobs_from_logits`, :func:`entropy_from_logits`
 - KL: :func:`kl_penalty`, :func:`apply_kl_penalty`, :class:`FixedKLController`,
   :class:`AdaptiveKLController`
 - advantages: :func:`compute_gae`, :func:`compute_grpo_advantages`,
@@ -21,7 +21,7 @@ from ppo_core.advantages import (
 )
 from ppo_core.kl import KL_ESTIMATORS, apply_kl_penalty, kl_penalty
 from ppo_core.kl_control import AdaptiveKLController, FixedKLController
-from ppo_core.logits import entropy_from_logits, logprobs_from_logits
+from ppo_core.logits import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
 from ppo_core.losses import LOSS_AGG_MODES, aggregate_loss, policy_loss, value_loss
 from ppo_core.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
@@ -43,6 +43,7 @@ __all__ = [
     "compute_rloo_advantages",
     "entropy_from_logits",
     "kl_penalty",
+    "logprobs_and_entropy",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
