@@ -49,8 +49,7 @@ def build(root, *overrides):
             *overrides,
         ],
     )
-    components, _, _ = build_components(cfg, root / "model")
-    return components
+    return build_components(cfg, root / "model", build_tokenizer())
 
 
 def weight_dtypes_in_forward(model) -> set[torch.dtype]:

@@ -65,14 +65,14 @@ def config(**kwargs) -> DataConfig:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"truncation": "middle"}, "DataConfig.truncation must be one of"),
-        ({"max_prompt_length": 0}, "DataConfig.max_prompt_length must be an int >= 1"),
-        ({"max_prompt_length": True}, "DataConfig.max_prompt_length"),
-        ({"train_batch_size": 0}, "DataConfig.train_batch_size"),
-        ({"val_batch_size": 0}, "DataConfig.val_batch_size"),
-        ({"shuffle": "yes"}, "DataConfig.shuffle must be a bool"),
-        ({"train_files": ("a.parquet", 3)}, "DataConfig.train_files must hold non-empty"),
-        ({"val_files": ("",)}, "DataConfig.val_files must hold non-empty paths"),
+        ({"truncation": "middle"}, "data.truncation must be one of"),
+        ({"max_prompt_length": 0}, "data.max_prompt_length must be an int >= 1"),
+        ({"max_prompt_length": True}, "data.max_prompt_length"),
+        ({"train_batch_size": 0}, "data.train_batch_size"),
+        ({"val_batch_size": 0}, "data.val_batch_size"),
+        ({"shuffle": "yes"}, "data.shuffle must be a bool"),
+        ({"train_files": ("a.parquet", 3)}, "data.train_files must hold non-empty"),
+        ({"val_files": ("",)}, "data.val_files must hold non-empty paths"),
     ],
 )
 def test_config_rejects_bad_fields(kwargs, message) -> None:

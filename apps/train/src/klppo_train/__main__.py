@@ -8,6 +8,7 @@ import sys
 
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config import load_config, to_yaml
+from klppo_train.preflight import UserError, preflight, user_errors
 from klppo_train.run import train
 from klppo_train.validate import validate_config
 
@@ -21,20 +22,25 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     args = parse_args(argv)
     try:
-        config = load_config(args.recipe or default_recipe(), args.overrides)
         # Under torchrun, before the process group exists: the launcher's WORLD_SIZE.
-        advice = validate_config(config, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError as err:
-        print(f"klppo-train: config error: {err}", file=sys.stderr)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        with user_errors():
+            config = load_config(args.recipe or default_recipe(), args.overrides)
+            if args.print_config:
+                validate_config(config, world_size)
+                print(versions())
+                print(to_yaml(config))
+                return 0
+        checked = preflight(config, world_size)
+    except UserError as err:
+        if args.debug:
+            raise
+        print(f"klppo-train: error: {err}", file=sys.stderr)
         return 2
-    for line in advice:
+    for line in checked.advice:
         log.info("token budgets: %s", line)
-    if args.print_config:
-        print(versions())
-        print(to_yaml(config))
-        return 0
     log.info(versions())
-    train(config)  # rank 0 prints the summary; summary.json is in the run directory
+    train(config, checked)  # rank 0 prints the summary; summary.json is in the run directory
     return 0
 
 

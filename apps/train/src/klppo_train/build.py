@@ -23,11 +23,10 @@ from fsdp_sharding import default_device, iter_full_state_dict, shard_model
 from klppo_train.algorithm import make_kl_controller
 from klppo_train.attention import packed_attention_implementation
 from klppo_train.config import AppConfig, FsdpConfig
-from klppo_train.data import PromptDataset, read_rows, write_parquet
+from klppo_train.data import read_rows
 from klppo_train.embedded import (
     build_model,
     build_tokenizer,
-    load_tokenizer,
     save_atomically,
     warm_up,
 )
@@ -35,38 +34,17 @@ from klppo_train.precision import Precision, resolve_precision
 from klppo_train.rewards import RewardManager
 from klppo_train.schedule import make_scheduler
 from klppo_train.step import Components, skips_old_log_prob_pass
-from klppo_train.tasks import COMPACT, make_arithmetic_rows
 from klppo_train.validate import sharding_config
 from rollout import WeightSync
 
 log = logging.getLogger("klppo_train")
 
 
-def ensure_embedded_data(cfg: AppConfig) -> None:
-    """Write the arithmetic task's parquet files where the recipe expects them (once).
-
-    The compact prompt ("3+4=") rather than the worded question: on 2 CPU cores the prompt
-    is nearly all of the compute (≈17 vs ≈62 character tokens, ~4x faster steps), and the
-    tiny model learns to read digits that sit next to the answer far sooner.
-    """
-    for files, n, seed in ((cfg.data.train_files, 2000, 0), (cfg.data.val_files, 200, 1)):
-        for path in (Path(f).expanduser() for f in files):
-            if not path.exists():
-                write_parquet(make_arithmetic_rows(n, seed=seed, template=COMPACT), path)
-                log.info("wrote %d arithmetic rows to %s", n, path)
-
-
 def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
     """The HF directory of the actor: the recipe's, or the embedded model (built, warmed up
     and cached in ``run_dir/model``)."""
-    if cfg.model.path:
-        path = Path(cfg.model.path).expanduser()
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path={cfg.model.path!r}: no HF model directory (config.json) there"
-                " (the smollm2_arith recipe's: klppo-data smollm2 --out <model.path>)"
-            )
-        return path
+    if cfg.model.path:  # checked by preflight
+        return Path(cfg.model.path).expanduser()
     path = run_dir / "model"
     if (path / "config.json").exists():
         return path
@@ -208,11 +186,8 @@ def _reference(cfg: AppConfig, model_dir: Path, compute: Precision):
     return _sharded(ref, cfg.ref.fsdp, compute)
 
 
-def build_components(cfg: AppConfig, model_dir: Path):
-    """``(components, train_dataset, val_dataset)``; a collective (sharding, engine start)."""
-    tokenizer = load_tokenizer(model_dir)
-    train = PromptDataset(read_rows(cfg.data.train_files), tokenizer, cfg.data)
-    val = PromptDataset(read_rows(cfg.data.val_files), tokenizer, cfg.data)
+def build_components(cfg: AppConfig, model_dir: Path, tokenizer) -> Components:
+    """Every component of the run; a collective (sharding, engine start)."""
     compute = resolve_precision(cfg.model.dtype, default_device())
     if skips_old_log_prob_pass(cfg):
         log.info(
@@ -229,7 +204,7 @@ def build_components(cfg: AppConfig, model_dir: Path):
     critic, critic_opt = _critic(cfg, model_dir, compute) if cfg.critic.enable else (None, None)
     actor_opt = adamw(actor, cfg.actor.lr, cfg.actor.weight_decay)
     engine = _engine(cfg, model_dir, tokenizer, compute)
-    components = Components(
+    return Components(
         actor=actor,
         actor_optimizer=actor_opt,
         engine=engine,
@@ -242,4 +217,3 @@ def build_components(cfg: AppConfig, model_dir: Path):
         critic=critic,
         critic_optimizer=critic_opt,
     )
-    return components, train, val

@@ -28,7 +28,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of a config or data error"
+    )
+    args = parser.parse_intermixed_args(argv)  # flags anywhere among the overrides
     if args.recipe and "=" in args.recipe:  # no recipe given, only overrides
         args.overrides.insert(0, args.recipe)
         args.recipe = None

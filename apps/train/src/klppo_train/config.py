@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
@@ -196,7 +197,10 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     schema = OmegaConf.structured(AppConfig)
     layers: list[DictConfig] = []
     if recipe is not None:
-        layers.append(OmegaConf.load(recipe))
+        try:
+            layers.append(OmegaConf.load(recipe))
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"recipe {str(recipe)!r}: {err}") from None
     layers.append(OmegaConf.from_dotlist(list(overrides or [])))
     try:
         merged = OmegaConf.merge(schema, *layers)

@@ -63,7 +63,7 @@ class DataConfig:
             files = getattr(self, name)
             files = (files,) if isinstance(files, str | os.PathLike) else tuple(files)
             if not all(isinstance(f, str | os.PathLike) and str(f) for f in files):
-                raise ValueError(f"DataConfig.{name} must hold non-empty paths, got {files!r}")
+                raise ValueError(f"data.{name} must hold non-empty paths, got {files!r}")
             object.__setattr__(self, name, tuple(str(f) for f in files))
         _check_int("max_prompt_length", self.max_prompt_length, low=1)
         _check_int("train_batch_size", self.train_batch_size, low=1)
@@ -72,18 +72,18 @@ class DataConfig:
             _check_int("val_batch_size", self.val_batch_size, low=1)
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(
-                f"DataConfig.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}"
+                f"data.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}"
             )
         for name in ("filter_overlong_prompts", "shuffle"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"DataConfig.{name} must be a bool, got {getattr(self, name)!r}")
+                raise ValueError(f"data.{name} must be a bool, got {getattr(self, name)!r}")
 
 
 def _check_int(name: str, value: Any, low: int | None) -> None:
     # bool is an int subclass; `max_prompt_length: true` is a typo, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
         bound = f" >= {low}" if low is not None else ""
-        raise ValueError(f"DataConfig.{name} must be an int{bound}, got {value!r}")
+        raise ValueError(f"data.{name} must be an int{bound}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------- rows
@@ -153,12 +153,19 @@ def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[di
     if not paths:
         raise ValueError("read_rows: no parquet files given (is data.train_files empty?)")
     for path in paths:
-        if not Path(path).is_file():
+        if path.is_dir():
+            raise IsADirectoryError(f"{str(path)!r} is a directory, not a parquet file")
+        if not path.is_file():
             raise FileNotFoundError(f"parquet file {str(path)!r} does not exist")
     rows = []
     for path in paths:
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except pa.ArrowException as err:
+            raise ValueError(f"{str(path)!r} is not a readable parquet file: {err}") from None
         rows += [check_row(r, f"{path} row {i}") for i, r in enumerate(table.to_pylist())]
+        if not table.num_rows:
+            raise ValueError(f"{str(path)!r} has no rows")
     return rows
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -20,12 +21,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_sharding import export_hf
-from klppo_train.build import (
-    build_components,
-    ensure_embedded_data,
-    ensure_model_dir,
-    make_schedulers,
-)
+from klppo_train.build import build_components, ensure_model_dir, make_schedulers
 from klppo_train.checkpoint import (
     load_trainer_checkpoint,
     resolve_resume,
@@ -40,6 +36,7 @@ from klppo_train.distributed import (
     mean_over_ranks,
     rank_slice,
 )
+from klppo_train.preflight import Checked, preflight
 from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
 from klppo_train.step import Components, ppo_step
 from klppo_train.validate import sampling_config
@@ -49,7 +46,9 @@ log = logging.getLogger("klppo_train")
 
 def validation_accuracy(c: Components, items, cfg: AppConfig) -> dict[str, float]:
     """Greedy (``rollout.val_temperature``) accuracy per data source, ``val/<source>/acc``,
-    over the whole validation set (each rank generates its slice)."""
+    over the whole validation set (each rank generates its slice); none without one."""
+    if not items:
+        return {}
     mine = rank_slice(items)
     batch = c.engine.generate(
         [list(i.prompt_ids) for i in mine], sampling_config(cfg, validation=True)
@@ -74,8 +73,6 @@ def prepare_run_dir(cfg: AppConfig) -> tuple[Path, Path]:
     if is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        if not cfg.model.path:
-            ensure_embedded_data(cfg)
         ensure_model_dir(cfg, run_dir)
     dist.barrier()
     return run_dir, ensure_model_dir(cfg, run_dir)  # now only finds it
@@ -85,13 +82,30 @@ def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
 
-def train(cfg: AppConfig) -> dict:
-    """Run the configured PPO steps (resuming if asked); return the summary."""
+def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
+    """Run the configured PPO steps (resuming if asked); return the summary. ``checked``:
+    what :func:`klppo_train.preflight.preflight` returned (run here when not given).
+    Engine and process group are closed however the run ends."""
+    checked = checked or preflight(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     init_distributed()
-    start = time.perf_counter()
-    run_dir, model_dir = prepare_run_dir(cfg)
-    torch.manual_seed(cfg.trainer.seed)
-    c, train_set, val_set = build_components(cfg, model_dir)
+    c = None
+    try:
+        start = time.perf_counter()
+        run_dir, model_dir = prepare_run_dir(cfg)
+        torch.manual_seed(cfg.trainer.seed)
+        c = build_components(cfg, model_dir, checked.tokenizer)
+        records = _steps(c, cfg, checked, run_dir)
+        return finish(run_dir, records, start)
+    finally:
+        if c is not None:
+            c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> list[dict]:
+    """Resume or validate the start, then the PPO steps; the metrics records."""
+    train_set, val_set = checked.train, checked.val
     loader = PromptLoader(train_set, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     steps = total_steps(cfg, len(loader))
     schedulers = make_schedulers(c, cfg, steps)
@@ -117,11 +131,11 @@ def train(cfg: AppConfig) -> dict:
     metrics_log.close()
     if last == steps:
         export_hf(c.actor, c.tokenizer, run_dir / "actor_hf")
-    return finish(run_dir, metrics_log.records, start, c)
+    return metrics_log.records
 
 
-def finish(run_dir: Path, records: list[dict], start: float, c: Components) -> dict:
-    """Plot + summary on rank 0; then the engine goes (it takes the process group with it)."""
+def finish(run_dir: Path, records: list[dict], start: float) -> dict:
+    """Plot + summary on rank 0 (the others wait)."""
     summary: dict = {}
     if is_main():
         plot = plot_metrics(records, run_dir / "metrics.png")
@@ -129,7 +143,4 @@ def finish(run_dir: Path, records: list[dict], start: float, c: Components) -> d
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(summary_text(summary), flush=True)
     dist.barrier()
-    c.engine.close()  # vLLM's shutdown destroys the default group; the HF engine's does not
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return summary

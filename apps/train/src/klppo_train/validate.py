@@ -41,8 +41,45 @@ def _get(config: AppConfig, key: str):
     return value
 
 
+def _positive_counts(c: AppConfig) -> list[tuple[str, bool, str]]:
+    """Sizes, counts and budgets: zero or negative ones fail late (a ZeroDivisionError, a
+    step without any update, a crash in step 1) or silently do nothing."""
+    keys = [
+        "actor.ppo_mini_batch_size",
+        "actor.ppo_micro_batch_size_per_gpu",
+        "actor.ppo_max_token_len_per_gpu",
+        "actor.ppo_epochs",
+        "critic.ppo_mini_batch_size",
+        "critic.ppo_micro_batch_size_per_gpu",
+        "critic.ppo_max_token_len_per_gpu",
+        "critic.ppo_epochs",
+        "ref.log_prob_micro_batch_size_per_gpu",
+        "ref.log_prob_max_token_len_per_gpu",
+        "rollout.log_prob_max_token_len_per_gpu",
+        "rollout.n",
+        "rollout.response_length",
+        "rollout.max_num_seqs",
+        "trainer.total_epochs",
+    ]
+    return [(key, _get(c, key) >= 1, ">= 1") for key in keys]
+
+
 def _check_ranges(c: AppConfig) -> None:
-    rules = [
+    rules = _positive_counts(c) + [
+        ("actor.grad_clip", c.actor.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
+        ("critic.grad_clip", c.critic.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
+        ("actor.weight_decay", c.actor.weight_decay >= 0, ">= 0"),
+        ("critic.weight_decay", c.critic.weight_decay >= 0, ">= 0"),
+        ("actor.lr_warmup_steps", c.actor.lr_warmup_steps >= 0, ">= 0"),
+        ("critic.lr_warmup_steps", c.critic.lr_warmup_steps >= 0, ">= 0"),
+        ("trainer.total_training_steps", c.trainer.total_training_steps >= 0, ">= 0 (0 = epochs)"),
+        ("rollout.kv_cache_space_gib", c.rollout.kv_cache_space_gib > 0, "> 0"),
+        (
+            "rollout.gpu_memory_utilization",
+            0 < c.rollout.gpu_memory_utilization <= 1,
+            "in (0, 1]",
+        ),
+        ("rollout.val_temperature", c.rollout.val_temperature >= 0, ">= 0"),
         ("actor.clip_ratio_low", 0 < c.actor.clip_ratio_low < 1, "in (0, 1)"),
         ("actor.clip_ratio_high", 0 < c.actor.clip_ratio_high < 1, "in (0, 1)"),
         ("actor.clip_ratio_c", c.actor.clip_ratio_c > 1, "> 1"),
@@ -56,8 +93,6 @@ def _check_ranges(c: AppConfig) -> None:
         ("actor.entropy_coeff", c.actor.entropy_coeff >= 0, ">= 0"),
         ("actor.lr", c.actor.lr > 0, "> 0"),
         ("critic.lr", c.critic.lr > 0, "> 0"),
-        ("actor.ppo_epochs", c.actor.ppo_epochs >= 1, ">= 1"),
-        ("rollout.response_length", c.rollout.response_length >= 1, ">= 1"),
         ("trainer.test_freq", c.trainer.test_freq >= 0, ">= 0"),
         ("model.warmup_steps", c.model.warmup_steps >= 0, ">= 0"),
         ("trainer.save_freq", c.trainer.save_freq >= 0, ">= 0"),
@@ -101,7 +136,36 @@ def _check_batch_sizes(c: AppConfig, world_size: int) -> None:
             )
 
 
+def _check_kl_control(c: AppConfig) -> None:
+    ctl = c.algorithm.kl_ctrl
+    if ctl.type != "adaptive" or not c.algorithm.use_kl_in_reward:
+        return
+    if ctl.kl_coef <= 0:
+        raise ValueError(
+            "algorithm.kl_ctrl.kl_coef must be > 0 with kl_ctrl.type=adaptive (the controller "
+            f"multiplies it: 0 stays 0), got {ctl.kl_coef}"
+        )
+    samples = c.data.train_batch_size * c.rollout.n
+    if samples >= 5 * ctl.horizon:
+        raise ValueError(
+            f"algorithm.kl_ctrl.horizon={ctl.horizon:g} is too small for {samples} samples per "
+            "step (data.train_batch_size × rollout.n): it must exceed samples / 5, or one "
+            "step could drive the KL coefficient to 0"
+        )
+
+
+def _check_fsdp_sizes(c: AppConfig, world_size: int) -> None:
+    for role in ("actor", "ref", "critic"):
+        size = getattr(c, role).fsdp.fsdp_size
+        if size != -1 and (size < 1 or world_size % size):
+            raise ValueError(
+                f"{role}.fsdp.fsdp_size={size} must be -1 (all ranks) or divide the world "
+                f"size {world_size}"
+            )
+
+
 def _check_algorithm(c: AppConfig) -> None:
+    _check_kl_control(c)
     estimator = c.algorithm.adv_estimator
     if estimator == "gae" and not c.critic.enable:
         raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
@@ -194,6 +258,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_resume(config)
     _check_algorithm(config)
     _check_batch_sizes(config, world_size)
+    _check_fsdp_sizes(config, world_size)
     for role in ("actor", "ref", "critic"):
         try:
             sharding_config(getattr(config, role).fsdp)

@@ -1,0 +1,253 @@
+"""Every user error exits 2 before any model loads, with one line naming the key, file or
+row, and no traceback: bad configurations, recipes and data files, run through ``main``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import klppo_train.__main__ as entry
+from klppo_train.config import load_config
+from klppo_train.data import write_parquet
+from klppo_train.preflight import preflight
+from klppo_train.tasks import COMPACT, make_arithmetic_rows
+
+GOOD = make_arithmetic_rows(64, seed=0, template=COMPACT)
+
+
+def _row(**changes):
+    row = {k: v for k, v in GOOD[0].items() if k != "extra_info"}
+    row.update(changes)
+    return {k: v for k, v in row.items() if v is not ...}
+
+
+def _raw_parquet(path: Path, rows: list[dict]) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)  # no validation: bad rows on purpose
+    return path
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """``main`` on the embedded default with good data in ``tmp_path`` and the given extras;
+    reaching ``train`` (which loads the models) fails the test."""
+    write_parquet(GOOD, tmp_path / "train.parquet")
+    write_parquet(GOOD[:16], tmp_path / "val.parquet")
+
+    def reached_train(*args, **kwargs):
+        raise AssertionError("a model would load: the error was not caught before train()")
+
+    monkeypatch.setattr(entry, "train", reached_train)
+
+    def call(*args: str) -> int:
+        base = [
+            f"trainer.run_dir={tmp_path / 'run'}",
+            f"data.train_files=[{tmp_path / 'train.parquet'}]",
+            f"data.val_files=[{tmp_path / 'val.parquet'}]",
+        ]
+        recipe = [a for a in args if a.endswith(".yaml") or a.startswith("RECIPE:")]
+        rest = [a for a in args if a not in recipe]
+        recipe = [r.removeprefix("RECIPE:") for r in recipe]
+        return entry.main([*recipe, *base, *rest])
+
+    return call
+
+
+def _expect_one_line_exit_2(run, capsys, args, match) -> None:
+    assert run(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "\n" not in err, err
+    assert err.startswith("klppo-train: error: "), err
+    assert match in err, err
+
+
+CUSTOM_REWARD = "def score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n"
+
+BAD_CONFIGS = [
+    (["actor.ppo_mini_batch_size=0"], "actor.ppo_mini_batch_size must be >= 1"),
+    (["actor.ppo_mini_batch_size=-16"], "actor.ppo_mini_batch_size must be >= 1"),
+    (["critic.ppo_mini_batch_size=0"], "critic.ppo_mini_batch_size must be >= 1"),
+    (["actor.ppo_micro_batch_size_per_gpu=0"], "actor.ppo_micro_batch_size_per_gpu"),
+    (["critic.ppo_epochs=0"], "critic.ppo_epochs must be >= 1"),
+    (["actor.ppo_epochs=0"], "actor.ppo_epochs must be >= 1"),
+    (["actor.grad_clip=0"], "actor.grad_clip must be > 0"),
+    (["critic.grad_clip=-1.0"], "critic.grad_clip must be > 0"),
+    (["trainer.total_training_steps=-1"], "trainer.total_training_steps must be >= 0"),
+    (["trainer.total_epochs=0"], "trainer.total_epochs must be >= 1"),
+    (["rollout.max_num_seqs=0"], "rollout.max_num_seqs must be >= 1"),
+    (["rollout.kv_cache_space_gib=-1"], "rollout.kv_cache_space_gib must be > 0"),
+    (["rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization must be in (0, 1]"),
+    (["rollout.gpu_memory_utilization=0"], "rollout.gpu_memory_utilization must be in (0, 1]"),
+    (["rollout.n=0"], "rollout.n must be >= 1"),
+    (["rollout.top_p=0"], "top_p"),
+    (["algorithm.kl_ctrl.kl_coef=0"], "algorithm.kl_ctrl.kl_coef must be > 0 with"),
+    (["algorithm.kl_ctrl.horizon=10"], "algorithm.kl_ctrl.horizon=10 is too small"),
+    (["actor.fsdp.fsdp_size=3"], "actor.fsdp.fsdp_size=3"),
+    (["actor.ppo_max_token_len_per_gpu=10"], "actor.ppo_max_token_len_per_gpu"),
+    (["actor.ppo_max_token_len_per_gpu=0"], "actor.ppo_max_token_len_per_gpu must be >= 1"),
+    (
+        ["actor.use_dynamic_bsz=false", "ref.log_prob_max_token_len_per_gpu=-5"],
+        "ref.log_prob_max_token_len_per_gpu must be >= 1",
+    ),
+    (["actor.foo=1"], "unknown config key 'actor.foo'"),
+    (["actor.lr=abc"], "actor.lr"),
+    (["actor.lr=0"], "actor.lr must be > 0"),
+    (["actor.clip_ratio_low=1.5"], "actor.clip_ratio_low must be in (0, 1)"),
+    (["algorithm.gamma=2"], "algorithm.gamma must be in [0, 1]"),
+    (["rollout.engine=sglang"], "rollout.engine='sglang'"),
+    (["model.dtype=fp16"], "model.dtype='fp16'"),
+    (["algorithm.adv_estimator=ppo"], "algorithm.adv_estimator='ppo'"),
+    (["algorithm.adv_estimator=grpo", "rollout.n=1"], "rollout.n must be >= 2"),
+    (["data.train_batch_size=30"], "data.train_batch_size=30 is not divisible"),
+    (
+        ["data.train_batch_size=80"],
+        "64 usable prompts, fewer than one batch of data.train_batch_size=80",
+    ),
+    (["data.max_prompt_length=0"], "data.max_prompt_length must be an int >= 1"),
+    (["data.truncation=middle"], "data.truncation must be one of"),
+    (["data.train_files=[]"], "data.train_files is empty"),
+    (["reward.custom=no_such_file.py:score"], "reward.custom: custom reward file"),
+    (["reward.custom=not-a-spec"], "reward.custom: custom reward 'not-a-spec' must look like"),
+    (["reward.custom=CUSTOM:nothere"], "has no function 'nothere'"),
+    (["trainer.resume_mode=/no/such/checkpoint"], "trainer.resume_mode='/no/such/checkpoint'"),
+    (["model.path=/no/such/model"], "model.path='/no/such/model': no HF model directory"),
+    (["RECIPE:no_such_recipe.yaml"], "no_such_recipe.yaml"),
+    (["RECIPE:DIR.yaml"], "DIR.yaml"),
+    (["RECIPE:BROKEN.yaml"], "BROKEN.yaml"),
+]
+
+
+@pytest.mark.parametrize(("args", "match"), BAD_CONFIGS, ids=lambda a: " ".join(a)[:60])
+def test_bad_configuration_exits_2_before_any_model(run, capsys, tmp_path, args, match) -> None:
+    (tmp_path / "reward.py").write_text(CUSTOM_REWARD)
+    (tmp_path / "DIR.yaml").mkdir()
+    (tmp_path / "BROKEN.yaml").write_text("actor:\n  lr: [1, 2\n  n: 3\n")
+    args = [
+        a.replace("CUSTOM", str(tmp_path / "reward.py"))
+        .replace("RECIPE:DIR", f"RECIPE:{tmp_path / 'DIR'}")
+        .replace("RECIPE:BROKEN", f"RECIPE:{tmp_path / 'BROKEN'}")
+        for a in args
+    ]
+    _expect_one_line_exit_2(run, capsys, args, match)
+
+
+def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
+    """name → (a bad training file, what the error must say)."""
+    (d / "garbage.parquet").write_bytes(b"this is not parquet")
+    (d / "folder.parquet").mkdir()
+    long_prompt = [{"role": "user", "content": "9" * 100}]
+    return {
+        "missing": (d / "missing.parquet", "missing.parquet' does not exist"),
+        "directory": (d / "folder.parquet", "is a directory, not a parquet file"),
+        "not parquet": (d / "garbage.parquet", "is not a readable parquet file"),
+        "no rows": (_raw_parquet(d / "empty.parquet", []), "has no rows"),
+        "no prompt column": (
+            _raw_parquet(d / "noprompt.parquet", [_row(prompt=...)]),
+            "row 0: 'prompt' must be",
+        ),
+        "prompt is a string": (
+            _raw_parquet(d / "strprompt.parquet", [_row(prompt="3+4=")]),
+            "row 0: 'prompt' must be",
+        ),
+        "message without role": (
+            _raw_parquet(d / "norole.parquet", [_row(prompt=[{"content": "3+4="}])]),
+            "row 0: 'prompt' must be",
+        ),
+        "no ground truth": (
+            _raw_parquet(d / "nogt.parquet", [_row(reward_model={"style": "rule"})]),
+            "row 0: 'reward_model' must be",
+        ),
+        "empty data_source": (
+            _raw_parquet(d / "nosource.parquet", [_row(data_source="")]),
+            "row 0: 'data_source' must be a non-empty str",
+        ),
+        "extra_info not a dict": (
+            _raw_parquet(d / "extra.parquet", [_row(extra_info=3)]),
+            "row 0: 'extra_info' must be a dict",
+        ),
+        "second row bad": (
+            _raw_parquet(d / "second.parquet", [_row(), _row(ability="")]),
+            "row 1: 'ability' must be a non-empty str",
+        ),
+        "unknown data_source": (
+            _raw_parquet(d / "unknown.parquet", [_row(data_source="my/task")] * 40),
+            "data.train_files row 0: data_source 'my/task' has no built-in reward",
+        ),
+        "every prompt too long": (
+            _raw_parquet(d / "long.parquet", [_row(prompt=long_prompt)] * 40),
+            "data.train_files: all 40 prompts are longer than data.max_prompt_length=24",
+        ),
+        "fewer rows than a batch": (
+            _raw_parquet(d / "few.parquet", [_row()] * 10),
+            "10 usable prompts, fewer than one batch of data.train_batch_size=32",
+        ),
+    }
+
+
+BAD_FILE_NAMES = [
+    "missing",
+    "directory",
+    "not parquet",
+    "no rows",
+    "no prompt column",
+    "prompt is a string",
+    "message without role",
+    "no ground truth",
+    "empty data_source",
+    "extra_info not a dict",
+    "second row bad",
+    "unknown data_source",
+    "every prompt too long",
+    "fewer rows than a batch",
+]
+
+
+@pytest.mark.parametrize("name", BAD_FILE_NAMES)
+@pytest.mark.parametrize("role", ["train_files", "val_files"])
+def test_bad_data_file_exits_2_naming_it(run, capsys, tmp_path, name, role) -> None:
+    path, match = _bad_files(tmp_path)[name]
+    if role == "val_files" and name == "fewer rows than a batch":
+        # A validation set needs no full batch: this one passes every check (to train()).
+        with pytest.raises(AssertionError, match="a model would load"):
+            run(f"data.val_files=[{path}]")
+    else:
+        match = match.replace("data.train_files", f"data.{role}")
+        _expect_one_line_exit_2(run, capsys, [f"data.{role}=[{path}]"], match)
+
+
+def test_long_prompt_with_truncation_error_names_the_row(run, capsys, tmp_path) -> None:
+    rows = [_row()] * 39 + [_row(prompt=[{"role": "user", "content": "9" * 100}])]
+    path = _raw_parquet(tmp_path / "one_long.parquet", rows)
+    args = [f"data.train_files=[{path}]", "data.filter_overlong_prompts=false"]
+    _expect_one_line_exit_2(run, capsys, args, "data.train_files: row 39")
+
+
+def test_filtered_prompts_are_counted(tmp_path, caplog) -> None:
+    rows = [_row()] * 40 + [_row(prompt=[{"role": "user", "content": "9" * 100}])] * 3
+    path = _raw_parquet(tmp_path / "some_long.parquet", rows)
+    cfg = load_config(
+        None,
+        [f"trainer.run_dir={tmp_path}", f"data.train_files=[{path}]", "data.max_prompt_length=24"],
+    )
+    with caplog.at_level(logging.INFO, logger="klppo_train"):
+        checked = preflight(cfg)
+    assert len(checked.train) == 40
+    assert "dropped 3 of 43 prompts longer than data.max_prompt_length=24" in caplog.text
+
+
+def test_embedded_default_generates_data_only_at_its_own_paths(run, capsys, tmp_path) -> None:
+    typo = tmp_path / "run" / "dat" / "train.parquet"
+    _expect_one_line_exit_2(run, capsys, [f"data.train_files=[{typo}]"], "does not exist")
+    assert not typo.exists()
+    own = tmp_path / "run" / "data" / "train.parquet"
+    with pytest.raises(AssertionError, match="a model would load"):
+        run(f"data.train_files=[{own}]")
+    assert own.is_file()
+
+
+def test_debug_shows_the_traceback(run) -> None:
+    with pytest.raises(Exception, match="actor.grad_clip must be > 0"):
+        run("actor.grad_clip=0", "--debug")
