@@ -92,6 +92,18 @@ BAD_CONFIGS = [
         ["actor.use_dynamic_bsz=false", "ref.log_prob_max_token_len_per_gpu=-5"],
         "ref.log_prob_max_token_len_per_gpu must be >= 1",
     ),
+    (
+        ["actor.use_dynamic_bsz=false", "actor.ppo_micro_batch_size_per_gpu=3"],
+        "not divisible by actor.ppo_micro_batch_size_per_gpu=3",
+    ),
+    (
+        ["critic.use_dynamic_bsz=false", "critic.ppo_micro_batch_size_per_gpu=3"],
+        "not divisible by critic.ppo_micro_batch_size_per_gpu=3",
+    ),
+    (
+        ["rollout.log_prob_micro_batch_size_per_gpu=0"],
+        "rollout.log_prob_micro_batch_size_per_gpu must be >= 1",
+    ),
     (["actor.foo=1"], "unknown config key 'actor.foo'"),
     (["actor.lr=abc"], "actor.lr"),
     (["actor.lr=0"], "actor.lr must be > 0"),

@@ -99,19 +99,20 @@ def test_two_ppo_steps() -> None:
     assert any(not torch.equal(a, b) for a, b in zip(before, c.actor.parameters(), strict=True))
 
 
-def _count_no_grad_forwards(model) -> list[int]:
-    """Calls of ``model`` made with autograd off (the old-log-prob pass: one per micro-batch)."""
+def _count_forwards(model, grad: bool = False) -> list[int]:
+    """Calls of ``model`` with autograd off (a log-prob or value pass: one per micro-batch),
+    or with ``grad=True`` on (an update: one per micro-batch)."""
     calls = [0]
 
     def hook(module, args, kwargs):
-        if not torch.is_grad_enabled():
+        if torch.is_grad_enabled() == grad:
             calls[0] += 1
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return calls
 
 
-def _step_with(extra: list[str]):
+def _step_with(extra: list[str], counted: str = "actor", grad: bool = False):
     tokenizer = build_tokenizer()
     _, c = components(tokenizer)
     cfg = load_config(None, [*OVERRIDES, *extra])
@@ -119,7 +120,7 @@ def _step_with(extra: list[str]):
     items = PromptDataset(
         make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
     ).items
-    calls = _count_no_grad_forwards(c.actor)
+    calls = _count_forwards(getattr(c, counted), grad)
     return ppo_step(c, items, cfg, step=0, version=1), calls[0]
 
 
@@ -144,3 +145,30 @@ def test_on_policy_step_skips_the_old_log_prob_pass() -> None:
     # two mini-batches: the pass runs (once: one micro-batch at this budget)
     metrics, calls = _step_with(["algorithm.use_kl_in_reward=false"])
     assert calls == 1 and metrics["actor/on_policy_shortcut"] == 0.0
+
+
+def test_static_micro_batches_follow_the_per_gpu_sizes() -> None:
+    # use_dynamic_bsz=false (verl's static mode): fixed micro-batches of
+    # *_micro_batch_size_per_gpu sequences; the budgets are not used (10 tokens would not
+    # hold one sequence). 8 samples; 2 mini-batches of 4 samples for the updates.
+    static = [
+        "actor.use_dynamic_bsz=false",
+        "actor.ppo_micro_batch_size_per_gpu=1",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "rollout.log_prob_micro_batch_size_per_gpu=3",
+        "ref.log_prob_micro_batch_size_per_gpu=5",
+        "rollout.log_prob_max_token_len_per_gpu=10",
+        "ref.log_prob_max_token_len_per_gpu=10",
+    ]
+    assert _step_with(static, "actor")[1] == 3  # old log-probs: ceil(8 / 3)
+    assert _step_with(static, "ref")[1] == 2  # ceil(8 / 5)
+    assert _step_with(static, "critic")[1] == 4  # values: ceil(8 / 2)
+    assert _step_with(static, "actor", grad=True)[1] == 8  # 2 × 4 / 1
+    assert _step_with(static, "critic", grad=True)[1] == 4  # 2 × 4 / 2
+    # Each switch on its own: the critic back on its 512-token budget (one micro-batch
+    # per mini-batch), the actor still static.
+    mixed = [*static, "critic.use_dynamic_bsz=true"]
+    assert _step_with(mixed, "critic", grad=True)[1] == 2
+    assert _step_with(mixed, "actor", grad=True)[1] == 8
+    # The dynamic default for comparison: one micro-batch per mini-batch within 1024 tokens.
+    assert _step_with(["actor.ppo_max_token_len_per_gpu=1024"], "actor", grad=True)[1] == 2

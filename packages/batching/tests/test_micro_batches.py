@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from batching import (
     balanced_partitions,
     first_fit_decreasing_count,
+    fixed_size_micro_batches,
     restore_order,
     sequence_workloads,
     token_budget_micro_batches,
@@ -133,3 +134,15 @@ def test_restore_order_checks_chunks() -> None:
         restore_order([torch.zeros(3)], plan)
     with pytest.raises(ValueError, match="chunk 0 has 5 rows"):
         restore_order([torch.zeros(5), torch.zeros(1)], plan)
+
+
+def test_fixed_size_micro_batches_are_consecutive_chunks_whatever_the_lengths() -> None:
+    lens = [5, 100, 7, 3, 50]
+    plan = fixed_size_micro_batches(lens, 2)
+    assert plan.micro_batches == ((0, 1), (2, 3), (4,))
+    assert plan.token_sums == (105, 10, 50) and plan.max_tokens == 105
+    outputs = [torch.tensor(list(mb)) for mb in plan.micro_batches]
+    assert restore_order(outputs, plan).tolist() == [0, 1, 2, 3, 4]
+    assert fixed_size_micro_batches(lens, 8).micro_batches == ((0, 1, 2, 3, 4),)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        fixed_size_micro_batches(lens, 0)

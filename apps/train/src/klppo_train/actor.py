@@ -89,6 +89,7 @@ def actor_update_step(
         batch,
         lambda m, mb, counts: _micro_batch_loss(m, mb, cfg, counts, temperature),
         max_tokens=cfg.ppo_max_token_len_per_gpu,
+        micro_batch_size=None if cfg.use_dynamic_bsz else cfg.ppo_micro_batch_size_per_gpu,
         grad_clip=cfg.grad_clip,
         prefix="actor",
     )

@@ -11,7 +11,7 @@ divisibility and token budgets. Semantics follow verl where users rely on them:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,9 @@ class ActorConfig:
 
 @dataclass(frozen=True)
 class RefConfig:
+    # None = as actor.use_dynamic_bsz (verl's default); False = fixed micro-batches of
+    # log_prob_micro_batch_size_per_gpu sequences, True = the token budget below.
+    log_prob_use_dynamic_bsz: bool | None = None
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_max_token_len_per_gpu: int = 8192
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
@@ -91,6 +94,7 @@ class RefConfig:
 class CriticConfig:
     enable: bool = True
     ppo_mini_batch_size: int = 8
+    use_dynamic_bsz: bool | None = None  # None = as actor.use_dynamic_bsz
     ppo_micro_batch_size_per_gpu: int = 8
     ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
@@ -111,6 +115,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     response_length: int = 512
+    # The old-log-prob pass: None = as actor.use_dynamic_bsz; budget or fixed micro-batches.
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_max_token_len_per_gpu: int = 8192
     gpu_memory_utilization: float = 0.5
     kv_cache_space_gib: float = 1.0
@@ -208,8 +215,23 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         raise _unknown_key_error(err) from None
     except ValidationError as err:
         raise ValueError(f"bad value for config key '{err.full_key}': {err.msg}") from None
-    config = OmegaConf.to_object(merged)
-    return config
+    return _follow_actor_dynamic_bsz(OmegaConf.to_object(merged))
+
+
+def _follow_actor_dynamic_bsz(c: AppConfig) -> AppConfig:
+    """verl's defaults: the critic's, reference's and rollout's ``use_dynamic_bsz`` switches
+    follow ``actor.use_dynamic_bsz`` unless set."""
+    mode = c.actor.use_dynamic_bsz
+
+    def follow(section, key):
+        return section if getattr(section, key) is not None else replace(section, **{key: mode})
+
+    return replace(
+        c,
+        critic=follow(c.critic, "use_dynamic_bsz"),
+        ref=follow(c.ref, "log_prob_use_dynamic_bsz"),
+        rollout=follow(c.rollout, "log_prob_use_dynamic_bsz"),
+    )
 
 
 def to_yaml(config: AppConfig) -> str:

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from batching import (
+    MicroBatchPlan,
     Packing,
+    fixed_size_micro_batches,
     next_token_labels,
     pack,
     restore_order,
@@ -38,6 +40,19 @@ def _padded(values: torch.Tensor, keep: torch.Tensor, packing: Packing) -> torch
     return out.view(packing.batch_size, packing.seq_len)
 
 
+def micro_batch_plan(
+    lengths: torch.Tensor,
+    max_tokens: int,
+    micro_batch_size: int | None = None,
+    num_micro_batches: int | None = None,
+) -> MicroBatchPlan:
+    """Token-budget micro-batches (``use_dynamic_bsz``), or with ``micro_batch_size`` fixed
+    ones of that many sequences (verl's static mode; the budget is then not used)."""
+    if micro_batch_size is not None:
+        return fixed_size_micro_batches(lengths, micro_batch_size)
+    return token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
+
+
 def per_response_token(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -46,12 +61,13 @@ def per_response_token(
     compute: PackedFn,
     *,
     max_tokens: int,
+    micro_batch_size: int | None = None,
     num_micro_batches: int | None = None,
 ) -> list[torch.Tensor]:
     """Run ``compute`` per micro-batch; return each output as ``[B, T]``: the value at the
     position *before* each response token (the one that predicts it), in the input order."""
     lengths = attention_mask.sum(-1)
-    plan = token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
+    plan = micro_batch_plan(lengths, max_tokens, micro_batch_size, num_micro_batches)
     # Position s predicts token s + 1: responses start at column P, so their values sit at
     # columns P - 1 .. P + T - 2.
     start = input_ids.shape[1] - response_length - 1
@@ -89,6 +105,7 @@ def response_values(
     response_length: int,
     *,
     max_tokens: int,
+    micro_batch_size: int | None = None,
     num_micro_batches: int | None = None,
 ) -> torch.Tensor:
     """Critic values ``[B, T]`` (a token-classification model with one label), V of the state
@@ -100,6 +117,7 @@ def response_values(
         response_length,
         _values,
         max_tokens=max_tokens,
+        micro_batch_size=micro_batch_size,
         num_micro_batches=num_micro_batches,
     )
     return values
@@ -114,6 +132,7 @@ def response_logprobs(
     max_tokens: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    micro_batch_size: int | None = None,
     num_micro_batches: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(response token | everything before it), and optionally the entropy there.
@@ -126,6 +145,7 @@ def response_logprobs(
         max_tokens: per micro-batch token budget (e.g. ``log_prob_max_token_len_per_gpu``).
         temperature: divide the logits by it (the sampling temperature).
         with_entropy: also return the entropy of each response position's distribution.
+        micro_batch_size: fixed micro-batches of this many sequences instead of the budget.
         num_micro_batches: force this count (after ``batching.sync_num_micro_batches``).
 
     Returns:
@@ -139,6 +159,7 @@ def response_logprobs(
         response_length,
         _logprobs_fn(temperature, with_entropy),
         max_tokens=max_tokens,
+        micro_batch_size=micro_batch_size,
         num_micro_batches=num_micro_batches,
     )
     return outputs[0], outputs[1] if with_entropy else None

@@ -101,16 +101,24 @@ def skips_old_log_prob_pass(cfg: AppConfig) -> bool:
     return one_update and not cfg.algorithm.use_kl_in_reward
 
 
+def _static_size(dynamic: bool, micro_batch_size: int) -> int | None:
+    return None if dynamic else micro_batch_size
+
+
 @torch.no_grad()
-def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, max_tokens: int, **kwargs):
-    """Response log-probs (and entropy with ``with_entropy=True``) of ``model`` on the batch."""
+def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, **kwargs):
+    """Response log-probs (and entropy with ``with_entropy=True``) of ``model`` on the batch,
+    micro-batched as ``role`` (``cfg.rollout`` or ``cfg.ref``) says."""
     return response_logprobs(
         model,
         t.input_ids,
         t.attention_mask,
         cfg.rollout.response_length,
         temperature=cfg.rollout.temperature,
-        max_tokens=max_tokens,
+        max_tokens=role.log_prob_max_token_len_per_gpu,
+        micro_batch_size=_static_size(
+            role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu
+        ),
         **kwargs,
     )
 
@@ -137,11 +145,10 @@ def ppo_step(
     old = entropy = ref = None
     if not skips_old_log_prob_pass(cfg):
         with timed(c, "old_log_prob"):
-            budget = cfg.rollout.log_prob_max_token_len_per_gpu
-            old, entropy = _no_grad_logprobs(c.actor, t, cfg, budget, with_entropy=True)
+            old, entropy = _no_grad_logprobs(c.actor, t, cfg, cfg.rollout, with_entropy=True)
     if c.ref is not None:
         with timed(c, "ref"):
-            ref, _ = _no_grad_logprobs(c.ref, t, cfg, cfg.ref.log_prob_max_token_len_per_gpu)
+            ref, _ = _no_grad_logprobs(c.ref, t, cfg, cfg.ref)
     values = None
     if c.critic is not None:
         with timed(c, "values"), torch.no_grad():
@@ -151,6 +158,9 @@ def ppo_step(
                 t.attention_mask,
                 T,
                 max_tokens=cfg.critic.ppo_max_token_len_per_gpu,
+                micro_batch_size=_static_size(
+                    cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
+                ),
             )
     metrics: dict[str, float] = {}
     with timed(c, "adv"):

@@ -16,7 +16,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from batching import sync_num_micro_batches, token_budget_micro_batches
+from batching import (
+    fixed_size_micro_batches,
+    sync_num_micro_batches,
+    token_budget_micro_batches,
+)
 from fsdp_sharding import clip_grad_norm
 from klppo_train.distributed import world_size
 
@@ -63,19 +67,24 @@ def micro_batch_step(
     micro_loss: MicroLoss,
     *,
     max_tokens: int,
+    micro_batch_size: int | None = None,
     grad_clip: float,
     prefix: str,
 ) -> dict[str, float]:
     """Backward every micro-batch of ``batch`` (fields ``attention_mask``, ``response_mask``),
     clip, step (skipped on a non-finite norm); ``{prefix}/*`` metrics, token-weighted (a
-    name with its own ``/`` is kept as is; ``*_max`` metrics take the maximum)."""
+    name with its own ``/`` is kept as is; ``*_max`` metrics take the maximum).
+    Micro-batches: within ``max_tokens``, or of ``micro_batch_size`` sequences (static)."""
     mask = batch.response_mask
     counts = global_counts(mask)
     lengths = batch.attention_mask.sum(-1)
-    planned = len(token_budget_micro_batches(lengths, max_tokens))
-    plan = token_budget_micro_batches(
-        lengths, max_tokens, num_micro_batches=sync_num_micro_batches(planned)
-    )
+    if micro_batch_size is not None:  # equal samples per rank: equal counts already
+        plan = fixed_size_micro_batches(lengths, micro_batch_size)
+    else:
+        planned = len(token_budget_micro_batches(lengths, max_tokens))
+        plan = token_budget_micro_batches(
+            lengths, max_tokens, num_micro_batches=sync_num_micro_batches(planned)
+        )
     totals: dict[str, float] = {}
     for members in plan.micro_batches:
         mb = select_rows(batch, torch.tensor(members, device=mask.device))

@@ -54,6 +54,7 @@ def _positive_counts(c: AppConfig) -> list[tuple[str, bool, str]]:
         "critic.ppo_max_token_len_per_gpu",
         "critic.ppo_epochs",
         "ref.log_prob_micro_batch_size_per_gpu",
+        "rollout.log_prob_micro_batch_size_per_gpu",
         "ref.log_prob_max_token_len_per_gpu",
         "rollout.log_prob_max_token_len_per_gpu",
         "rollout.n",
@@ -129,7 +130,7 @@ def _check_batch_sizes(c: AppConfig, world_size: int) -> None:
             )
         per_gpu = samples // world_size
         micro = cfg.ppo_micro_batch_size_per_gpu
-        if not c.actor.use_dynamic_bsz and per_gpu % micro:
+        if not cfg.use_dynamic_bsz and per_gpu % micro:
             raise ValueError(
                 f"{role}: {per_gpu} samples per rank per mini-batch are not "
                 f"divisible by {role}.ppo_micro_batch_size_per_gpu={micro}"
@@ -177,8 +178,17 @@ def _check_algorithm(c: AppConfig) -> None:
 
 
 def _check_token_budgets(c: AppConfig) -> list[str]:
-    if not c.actor.use_dynamic_bsz:
-        return []
+    """The budgets' rules, for the passes that use one (``use_dynamic_bsz``)."""
+    static = {
+        key
+        for key, dynamic in (
+            ("actor.ppo_max_token_len_per_gpu", c.actor.use_dynamic_bsz),
+            ("critic.ppo_max_token_len_per_gpu", c.critic.use_dynamic_bsz),
+            ("ref.log_prob_max_token_len_per_gpu", c.ref.log_prob_use_dynamic_bsz),
+            ("rollout.log_prob_max_token_len_per_gpu", c.rollout.log_prob_use_dynamic_bsz),
+        )
+        if not dynamic
+    }
 
     def findings(log_prob_key: str) -> list[tuple[str, str]]:
         keys = {
@@ -193,7 +203,9 @@ def _check_token_budgets(c: AppConfig) -> list[str]:
             log_prob=_get(c, log_prob_key),
             critic=c.critic.ppo_max_token_len_per_gpu,
         )
-        return [(f.level, f"{keys[f.key]}: {f.message}") for f in found]
+        return [
+            (f.level, f"{keys[f.key]}: {f.message}") for f in found if keys[f.key] not in static
+        ]
 
     # The old-log-prob pass runs on the rollout's budget, the reference pass on the ref's:
     # all findings for the first, the log-prob ones for the second.

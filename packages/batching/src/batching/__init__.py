@@ -2,7 +2,8 @@
 
 - :func:`balanced_partitions`: Karmarkar–Karp k-way partitioning (optionally equal sizes)
 - :func:`token_budget_micro_batches` → :class:`MicroBatchPlan`: hard-capped dynamic batch
-  size; :func:`restore_order` puts per-micro-batch outputs back in input order
+  size; :func:`fixed_size_micro_batches`: verl's static mode (``use_dynamic_bsz=False``);
+  :func:`restore_order` puts per-micro-batch outputs back in input order
 - :func:`sync_num_micro_batches`: one micro-batch count across data-parallel ranks
 - :func:`balance_across_ranks` → :class:`RankAssignment`: equal sequence counts per rank
   with balanced tokens
@@ -27,6 +28,7 @@ from batching.micro_batches import (
     COMPUTE_LINEAR_COEFF,
     MicroBatchPlan,
     first_fit_decreasing_count,
+    fixed_size_micro_batches,
     restore_order,
     sequence_workloads,
     token_budget_micro_batches,
@@ -61,6 +63,7 @@ __all__ = [
     "block_causal_mask",
     "check_token_budgets",
     "first_fit_decreasing_count",
+    "fixed_size_micro_batches",
     "group_by_length",
     "next_token_labels",
     "pack",

@@ -236,6 +236,32 @@ def token_budget_micro_batches(
     raise AssertionError("one sequence per micro-batch always fits")  # unreachable
 
 
+def fixed_size_micro_batches(
+    seq_lens: Sequence[int] | torch.Tensor | np.ndarray, micro_batch_size: int
+) -> MicroBatchPlan:
+    """verl's static mode (``use_dynamic_bsz=False``): consecutive micro-batches of
+    ``micro_batch_size`` sequences in input order (the last may be smaller), whatever their
+    lengths — no token cap, so ``plan.max_tokens`` is just the largest micro-batch's tokens.
+
+    Args:
+        seq_lens: ``[n]`` effective token counts (they only fill ``token_sums``).
+        micro_batch_size: sequences per micro-batch, >= 1.
+
+    Returns:
+        A :class:`MicroBatchPlan` of ``ceil(n / micro_batch_size)`` micro-batches.
+    """
+    lens = as_lengths(seq_lens)
+    if not lens:
+        raise ValueError("`seq_lens` is empty: there is nothing to split into micro-batches")
+    if micro_batch_size < 1:
+        raise ValueError(f"`micro_batch_size` must be >= 1, got {micro_batch_size}")
+    parts = [
+        list(range(i, min(i + micro_batch_size, len(lens))))
+        for i in range(0, len(lens), micro_batch_size)
+    ]
+    return _make_plan(parts, lens, max(sum(lens[i] for i in p) for p in parts))
+
+
 def _forced_plan(k: int, lens: list[int], weights: list[float], max_tokens: int) -> MicroBatchPlan:
     if not 1 <= k <= len(lens):
         raise ValueError(
