@@ -10,7 +10,7 @@
 # `python -m torch.distributed.run --standalone --nproc-per-node=1` itself: NCCL, bf16
 # params / fp32 reduce) with a ~100M-parameter Qwen2-style model, reporting step time,
 # torch.cuda.max_memory_allocated and MFU; then the fsdp_sharding test suite (its 2-rank
-# tests run on CPU/gloo there too).
+# tests run on CPU/gloo there too); then the trainer's CUDA-only optimizer-offload test.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -47,5 +47,9 @@ EOF
 step "fsdp_sharding tests"
 echo "+ $PYTHON -m pytest packages/fsdp_sharding -q"
 $PYTHON -m pytest packages/fsdp_sharding -q
+
+step "optimizer offload on CUDA (fsdp.optimizer_offload; refused on CPU, where it is a no-op)"
+echo "+ $PYTHON -m pytest apps/train/tests/test_critic.py -q -k optimizer_offload"
+$PYTHON -m pytest apps/train/tests/test_critic.py -q -k optimizer_offload
 
 step "done"

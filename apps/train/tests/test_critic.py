@@ -7,7 +7,7 @@ import torch
 from train_testing import prompt_response_batch
 from transformers import Qwen2ForTokenClassification
 
-from klppo_train.config import CriticConfig
+from klppo_train.config import CriticConfig, FsdpConfig
 from klppo_train.critic import ValueBatch, critic_update_step
 from klppo_train.embedded import build_model
 from klppo_train.forward import response_values
@@ -62,3 +62,17 @@ def test_micro_batches_reproduce_the_full_batch_step(budget: int) -> None:
         "critic/grad_norm",
     }
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_check.sh)")
+def test_optimizer_offload_keeps_the_state_in_host_memory_between_steps() -> None:
+    cfg = CriticConfig(ppo_max_token_len_per_gpu=1000, fsdp=FsdpConfig(optimizer_offload=True))
+    batch = make_batch()
+    batch = ValueBatch(*(t.cuda() for t in vars(batch).values()))
+    model = critic().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):  # the second step loads the offloaded state back first
+        critic_update_step(model, optimizer, batch, cfg)
+        states = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]
+        assert states and all(t.device.type == "cpu" for t in states)
+    assert next(model.parameters()).device.type == "cuda"

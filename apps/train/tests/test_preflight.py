@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import klppo_train.__main__ as entry
 from klppo_train.config import load_config
@@ -104,6 +105,7 @@ BAD_CONFIGS = [
         ["rollout.log_prob_micro_batch_size_per_gpu=0"],
         "rollout.log_prob_micro_batch_size_per_gpu must be >= 1",
     ),
+    (["ref.fsdp.optimizer_offload=true"], "the reference has no optimizer"),
     (["actor.foo=1"], "unknown config key 'actor.foo'"),
     (["actor.lr=abc"], "actor.lr"),
     (["actor.lr=0"], "actor.lr must be > 0"),
@@ -130,6 +132,10 @@ BAD_CONFIGS = [
     (["RECIPE:DIR.yaml"], "DIR.yaml"),
     (["RECIPE:BROKEN.yaml"], "BROKEN.yaml"),
 ]
+
+
+if not torch.cuda.is_available():  # on CUDA the offload is real (scripts/gpu_check.sh)
+    BAD_CONFIGS.append((["critic.fsdp.optimizer_offload=true"], "only takes effect on CUDA"))
 
 
 @pytest.mark.parametrize(("args", "match"), BAD_CONFIGS, ids=lambda a: " ".join(a)[:60])

@@ -172,3 +172,27 @@ def test_static_micro_batches_follow_the_per_gpu_sizes() -> None:
     assert _step_with(mixed, "actor", grad=True)[1] == 8
     # The dynamic default for comparison: one micro-batch per mini-batch within 1024 tokens.
     assert _step_with(["actor.ppo_max_token_len_per_gpu=1024"], "actor", grad=True)[1] == 2
+
+
+def test_val_batch_size_sets_the_validation_batches() -> None:
+    from klppo_train.run import validation_accuracy
+
+    tokenizer = build_tokenizer()
+    _, c = components(tokenizer)
+    items = PromptDataset(
+        make_arithmetic_rows(8, seed=3), tokenizer, DataConfig(max_prompt_length=64)
+    ).items
+    sizes: list[int] = []
+    generate = c.engine.generate
+
+    def recording(prompts, sampling):
+        sizes.append(len(prompts))
+        return generate(prompts, sampling)
+
+    c.engine.generate = recording
+    whole = validation_accuracy(c, items, load_config(None, OVERRIDES))
+    batched = validation_accuracy(
+        c, items, load_config(None, [*OVERRIDES, "data.val_batch_size=3"])
+    )
+    assert sizes == [8, 3, 3, 2]
+    assert whole == batched and set(whole) == {"val/arithmetic/acc"}

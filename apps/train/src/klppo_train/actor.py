@@ -10,7 +10,7 @@ from torch import nn
 
 from klppo_train.config import ActorConfig
 from klppo_train.forward import response_logprobs
-from klppo_train.update import micro_batch_step
+from klppo_train.update import micro_batch_step, static_micro_batch_size
 from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss
 from rollout import logprob_mismatch
 
@@ -89,7 +89,10 @@ def actor_update_step(
         batch,
         lambda m, mb, counts: _micro_batch_loss(m, mb, cfg, counts, temperature),
         max_tokens=cfg.ppo_max_token_len_per_gpu,
-        micro_batch_size=None if cfg.use_dynamic_bsz else cfg.ppo_micro_batch_size_per_gpu,
+        micro_batch_size=static_micro_batch_size(
+            cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu
+        ),
         grad_clip=cfg.grad_clip,
+        offload_optimizer=cfg.fsdp.optimizer_offload,
         prefix="actor",
     )

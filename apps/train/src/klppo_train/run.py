@@ -46,21 +46,29 @@ log = logging.getLogger("klppo_train")
 
 def validation_accuracy(c: Components, items, cfg: AppConfig) -> dict[str, float]:
     """Greedy (``rollout.val_temperature``) accuracy per data source, ``val/<source>/acc``,
-    over the whole validation set (each rank generates its slice); none without one."""
+    over the whole validation set, ``data.val_batch_size`` prompts at a time (all at once
+    when unset; each rank generates its slice of each batch); none without a set."""
     if not items:
         return {}
-    mine = rank_slice(items)
+    size = cfg.data.val_batch_size or len(items)
+    hits: dict[str, list[float]] = {}
+    for start in range(0, len(items), size):
+        _score_validation_batch(c, rank_slice(items[start : start + size]), cfg, hits)
+    hits = concat_over_ranks(hits)
+    return {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
+
+
+def _score_validation_batch(c: Components, mine, cfg: AppConfig, hits: dict) -> None:
+    if not mine:  # a last batch smaller than the world size leaves some ranks none
+        return
     batch = c.engine.generate(
         [list(i.prompt_ids) for i in mine], sampling_config(cfg, validation=True)
     )
-    hits: dict[str, list[float]] = {}
     for sample in batch.samples:
         item = mine[sample.prompt_index]
         text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
         score = c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info)
         hits.setdefault(item.data_source, []).append(float(score >= 1.0))
-    hits = concat_over_ranks(hits)
-    return {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
 
 
 def total_steps(cfg: AppConfig, batches_per_epoch: int) -> int:

@@ -33,7 +33,7 @@ from klppo_train.data import PromptItem
 from klppo_train.distributed import rank_slice, world_size
 from klppo_train.forward import response_logprobs, response_values
 from klppo_train.rewards import RewardManager
-from klppo_train.update import select_rows
+from klppo_train.update import select_rows, static_micro_batch_size
 from klppo_train.validate import sampling_config
 from ppo_core import masked_mean
 from rollout import RolloutEngine, WeightSync, logprob_mismatch
@@ -101,10 +101,6 @@ def skips_old_log_prob_pass(cfg: AppConfig) -> bool:
     return one_update and not cfg.algorithm.use_kl_in_reward
 
 
-def _static_size(dynamic: bool, micro_batch_size: int) -> int | None:
-    return None if dynamic else micro_batch_size
-
-
 @torch.no_grad()
 def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, **kwargs):
     """Response log-probs (and entropy with ``with_entropy=True``) of ``model`` on the batch,
@@ -116,7 +112,7 @@ def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, **kwargs):
         cfg.rollout.response_length,
         temperature=cfg.rollout.temperature,
         max_tokens=role.log_prob_max_token_len_per_gpu,
-        micro_batch_size=_static_size(
+        micro_batch_size=static_micro_batch_size(
             role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu
         ),
         **kwargs,
@@ -158,7 +154,7 @@ def ppo_step(
                 t.attention_mask,
                 T,
                 max_tokens=cfg.critic.ppo_max_token_len_per_gpu,
-                micro_batch_size=_static_size(
+                micro_batch_size=static_micro_batch_size(
                     cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
                 ),
             )

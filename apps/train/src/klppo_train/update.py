@@ -21,7 +21,8 @@ from batching import (
     sync_num_micro_batches,
     token_budget_micro_batches,
 )
-from fsdp_sharding import clip_grad_norm
+from fsdp_sharding import clip_grad_norm, load_optimizer
+from fsdp_sharding import offload_optimizer as offload_optimizer_state
 from klppo_train.distributed import world_size
 
 # Loss metrics that are shares of the global mean: they add up over micro-batches.
@@ -50,6 +51,12 @@ def _dp_sum(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def static_micro_batch_size(use_dynamic_bsz: bool | None, micro_batch_size: int) -> int | None:
+    """The fixed micro-batch size of verl's static mode (``use_dynamic_bsz=False``), or None
+    for token-budget micro-batches (True, or None: not resolved, the actor's default)."""
+    return micro_batch_size if use_dynamic_bsz is False else None
+
+
 def global_counts(response_mask: torch.Tensor) -> dict[str, Any]:
     """Valid tokens and sequences of the mini-batch over all ranks, for ``ppo_core`` losses."""
     world = world_size()
@@ -70,11 +77,13 @@ def micro_batch_step(
     micro_batch_size: int | None = None,
     grad_clip: float,
     prefix: str,
+    offload_optimizer: bool = False,
 ) -> dict[str, float]:
     """Backward every micro-batch of ``batch`` (fields ``attention_mask``, ``response_mask``),
     clip, step (skipped on a non-finite norm); ``{prefix}/*`` metrics, token-weighted (a
     name with its own ``/`` is kept as is; ``*_max`` metrics take the maximum).
-    Micro-batches: within ``max_tokens``, or of ``micro_batch_size`` sequences (static)."""
+    Micro-batches: within ``max_tokens``, or of ``micro_batch_size`` sequences (static).
+    ``offload_optimizer``: the optimizer state lives on CPU except during its step."""
     mask = batch.response_mask
     counts = global_counts(mask)
     lengths = batch.attention_mask.sum(-1)
@@ -96,7 +105,11 @@ def micro_batch_step(
             _aggregate(totals, name if "/" in name else f"{prefix}/{name}", float(value), share)
     grad_norm = clip_grad_norm(model, grad_clip)
     if torch.isfinite(grad_norm):
+        if offload_optimizer:
+            load_optimizer(optimizer, next(model.parameters()).device)
         optimizer.step()
+        if offload_optimizer:
+            offload_optimizer_state(optimizer)
     optimizer.zero_grad(set_to_none=True)
     totals[f"{prefix}/grad_norm"] = float(grad_norm)
     return totals

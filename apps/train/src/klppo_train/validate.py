@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from batching import check_token_budgets
-from fsdp_sharding import MixedPrecision, ShardingConfig
+from fsdp_sharding import MixedPrecision, ShardingConfig, default_device
 from klppo_train.attention import IMPLEMENTATIONS
 from klppo_train.config import AppConfig, FsdpConfig
 from klppo_train.precision import DTYPES
@@ -130,7 +130,7 @@ def _check_batch_sizes(c: AppConfig, world_size: int) -> None:
             )
         per_gpu = samples // world_size
         micro = cfg.ppo_micro_batch_size_per_gpu
-        if not cfg.use_dynamic_bsz and per_gpu % micro:
+        if cfg.use_dynamic_bsz is False and per_gpu % micro:
             raise ValueError(
                 f"{role}: {per_gpu} samples per rank per mini-batch are not "
                 f"divisible by {role}.ppo_micro_batch_size_per_gpu={micro}"
@@ -156,6 +156,14 @@ def _check_kl_control(c: AppConfig) -> None:
 
 
 def _check_fsdp_sizes(c: AppConfig, world_size: int) -> None:
+    if c.ref.fsdp.optimizer_offload:
+        raise ValueError("ref.fsdp.optimizer_offload=true: the reference has no optimizer")
+    for role in ("actor", "critic"):
+        if getattr(c, role).fsdp.optimizer_offload and default_device().type != "cuda":
+            raise ValueError(
+                f"{role}.fsdp.optimizer_offload=true only takes effect on CUDA (it moves the "
+                "optimizer state to host memory between steps; here it is there already)"
+            )
     for role in ("actor", "ref", "critic"):
         size = getattr(c, role).fsdp.fsdp_size
         if size != -1 and (size < 1 or world_size % size):
@@ -187,7 +195,7 @@ def _check_token_budgets(c: AppConfig) -> list[str]:
             ("ref.log_prob_max_token_len_per_gpu", c.ref.log_prob_use_dynamic_bsz),
             ("rollout.log_prob_max_token_len_per_gpu", c.rollout.log_prob_use_dynamic_bsz),
         )
-        if not dynamic
+        if dynamic is False
     }
 
     def findings(log_prob_key: str) -> list[tuple[str, str]]:
