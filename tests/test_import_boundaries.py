@@ -24,6 +24,7 @@ ALLOWED = {
     "klppo_train": {
         "omegaconf",
         "pyarrow",
+        "yaml",  # pyyaml: recipe syntax errors
         "tokenizers",
         "tqdm",
         "matplotlib",

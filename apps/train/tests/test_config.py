@@ -44,7 +44,7 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
             "unknown config key 'actor.ppo_max_token_len_per_gpo'; "
             "did you mean 'actor.ppo_max_token_len_per_gpu'",
         ),
-        ("algoritm.gamma=1", "unknown config key 'algoritm'; did you mean 'algorithm'"),
+        ("algoritm.gamma=1", "unknown config key 'algoritm.gamma'; did you mean 'algorithm'"),
         ("actor.lr=fast", "bad value for config key 'actor.lr'"),
     ],
 )
@@ -105,3 +105,111 @@ def test_cli_prints_config_and_reports_errors(capsys) -> None:
     assert "'n': 3" in out and "klppo-ppo-core 0.1.0" in out  # YAML quotes n (a 1.1 bool)
     assert main(["actor.lrr=1"]) == 2
     assert "did you mean 'actor.lr'" in capsys.readouterr().err
+
+
+VERL_QUICKSTART = [  # verl's PPO quickstart command (GSM8K, Qwen2.5-0.5B), its keys verbatim
+    "data.train_files=train.parquet",
+    "data.val_files=test.parquet",
+    "data.train_batch_size=256",
+    "data.max_prompt_length=512",
+    "data.max_response_length=512",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "critic.optim.lr=1e-5",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.logger=console",
+    "trainer.val_before_train=False",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "trainer.save_freq=10",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=15",
+]
+
+
+def test_verl_quickstart_command_resolves_to_klppo_keys() -> None:
+    c = load_config(None, VERL_QUICKSTART)
+    assert (c.data.train_files, c.data.val_files) == (("train.parquet",), ("test.parquet",))
+    assert (c.data.train_batch_size, c.data.max_prompt_length) == (256, 512)
+    assert c.rollout.response_length == 512 and c.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (c.actor.lr, c.actor.ppo_mini_batch_size, c.actor.ppo_micro_batch_size_per_gpu) == (
+        1e-6,
+        64,
+        4,
+    )
+    assert c.rollout.log_prob_micro_batch_size_per_gpu == 8
+    assert c.rollout.gpu_memory_utilization == 0.4
+    assert c.ref.log_prob_micro_batch_size_per_gpu == 4
+    assert (c.critic.lr, c.critic.ppo_micro_batch_size_per_gpu) == (1e-5, 4)
+    assert c.algorithm.kl_ctrl.kl_coef == 0.001
+    assert c.trainer.val_before_train is False
+    assert (c.trainer.n_gpus_per_node, c.trainer.nnodes) == (1, 1)
+    assert (c.trainer.save_freq, c.trainer.test_freq, c.trainer.total_epochs) == (10, 10, 15)
+    validate_config(c, world_size=1)
+    with pytest.raises(ValueError, match=r"n_gpus_per_node=1 × trainer.nnodes=1 .* world size 2"):
+        validate_config(c, world_size=2)
+
+
+def test_verl_names_in_a_recipe_and_their_values(tmp_path: Path) -> None:
+    recipe = tmp_path / "verl.yaml"
+    recipe.write_text(
+        "actor_rollout_ref:\n"
+        "  actor:\n"
+        "    strategy: fsdp\n"
+        "    clip_ratio: 0.28\n"
+        "    ppo_max_token_len_per_gpu: 16384\n"
+        "    fsdp_config:\n"
+        "      forward_prefetch: 2\n"
+        "  model:\n"
+        "    enable_gradient_checkpointing: true\n"
+        "    use_remove_padding: true\n"
+        "critic:\n"
+        "  strategy: fsdp2\n"
+        "  model:\n"
+        "    fsdp_config:\n"
+        "      param_offload: true\n"
+    )
+    c = load_config(recipe, ["actor_rollout_ref.ref.fsdp_config.reshard_after_forward=false"])
+    assert c.actor.fsdp.strategy == "fsdp1" and c.critic.fsdp.strategy == "fsdp2"
+    assert (c.actor.clip_ratio_low, c.actor.clip_ratio_high) == (0.28, 0.28)
+    assert c.actor.ppo_max_token_len_per_gpu == 16384 and c.model.gradient_checkpointing
+    assert c.critic.fsdp.param_offload and c.ref.fsdp.reshard_after_forward is False
+    # forward_prefetch keeps its depth (it used to become `true`)
+    assert sharding_config(c.actor.fsdp).forward_prefetch_depth == 2
+
+
+def test_every_bad_key_of_a_command_is_reported_at_once() -> None:
+    bad = [
+        "actor.lrr=1",
+        "critic.foo=2",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "trainer.logger=[console,wandb]",
+    ]
+    with pytest.raises(ValueError) as err:
+        load_config(None, [*bad, "actor.lr=0.1"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert "unknown config key 'actor.lrr'; did you mean 'actor.lr'?" in message
+    assert "unknown config key 'critic.foo'" in message
+    assert "no sequence parallelism (Ulysses): only 1" in message
+    assert "always packs sequences (remove padding): only true" in message
+    assert "not Megatron" in message and "only console" in message
+    # the accepted values of refused keys pass (verl's defaults)
+    ok = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1", "trainer.logger=console"]
+    assert load_config(None, ok).actor.lr == AppConfig().actor.lr
+
+
+def test_docs_table_of_verl_names_is_current() -> None:
+    from klppo_train.verl_names import DOC_HEADER, markdown_table
+
+    doc = Path(__file__).resolve().parents[3] / "docs" / "verl-names.md"
+    assert doc.read_text() == DOC_HEADER + markdown_table()

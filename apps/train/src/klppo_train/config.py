@@ -11,15 +11,17 @@ divisibility and token budgets. Semantics follow verl where users rely on them:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from collections.abc import Iterator
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from klppo_train.data import DataConfig
+from klppo_train.verl_names import translate
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,8 @@ class FsdpConfig:
     """Primitive mirror of ``fsdp_sharding.ShardingConfig`` (YAML has no torch dtypes)."""
 
     strategy: str = "fsdp2"
-    forward_prefetch: bool = False
+    # false | true (1 unit ahead) | a depth >= 1 (FSDP2 prefetches that many units ahead)
+    forward_prefetch: Any = False
     reshard_after_forward: bool = True
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -164,6 +167,10 @@ class TrainerConfig:
     # Stop after this step (checkpointing it), keeping the schedule of total_training_steps:
     # for jobs longer than one allocation; the next launch resumes. 0 = run to the end.
     stop_at_step: int = 0
+    val_before_train: bool = True  # validate the starting policy (step 0)
+    # verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked).
+    n_gpus_per_node: int = 0
+    nnodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,40 +186,84 @@ class AppConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
-def _keys_at(path: str) -> list[str]:
-    """Valid keys under a dotted path of the schema ('' = top level)."""
+PATH_LISTS = ("data.train_files", "data.val_files")
+
+
+def _unknown_key(key: str) -> str | None:
+    """None for a key of the schema (a field, or a whole section), else the error text with
+    a "did you mean" and the valid keys under its parent."""
     node: Any = AppConfig
-    for part in [p for p in path.split(".") if p]:
-        node = {f.name: f for f in fields(node)}[part].default_factory
-    return [f.name for f in fields(node)] if is_dataclass(node) else []
+    parent = ""
+    for part in key.split("."):
+        valid = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
+        if part not in valid:
+            close = difflib.get_close_matches(part, list(valid), n=1)
+            where = f"{parent}." if parent else ""
+            hint = f"; did you mean '{where}{close[0]}'?" if close else ""
+            return (
+                f"unknown config key '{key}'{hint} (valid under '{parent or '<top>'}': "
+                f"{', '.join(valid)})"
+            )
+        factory = valid[part].default_factory
+        node = factory if factory is not MISSING else None
+        parent = f"{parent}.{part}" if parent else part
+    return None
 
 
-def _unknown_key_error(err: ConfigKeyError) -> ValueError:
-    full_key = str(getattr(err, "full_key", "") or "")
-    parent, _, key = full_key.rpartition(".")
-    valid = _keys_at(parent)
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"; did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
-    return ValueError(
-        f"unknown config key '{full_key}'{hint} (valid under "
-        f"'{parent or '<top>'}': {', '.join(valid)})"
-    )
+def _flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict) and (node or not prefix):
+        for key, value in node.items():
+            yield from _flatten(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], node
+
+
+def _translated_layer(container: dict, errors: list[str]) -> DictConfig:
+    """One config layer (recipe or overrides) with verl's names translated; every unknown
+    or refused key goes to ``errors`` (all of them, not the first)."""
+    layer = OmegaConf.create()
+    for key, value in _flatten(container):
+        pairs, refusal = translate(key, value)
+        if refusal:
+            errors.append(refusal)
+        for name, item in pairs:
+            if name in PATH_LISTS and isinstance(item, str):
+                item = [item]  # verl's `data.train_files=/path/train.parquet`
+            problem = _unknown_key(name)
+            if problem:
+                errors.append(problem)
+            else:
+                OmegaConf.update(layer, name, item, merge=True)
+    return layer
+
+
+def _read_recipe(recipe: str | Path) -> dict:
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(recipe), resolve=False)
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"recipe {str(recipe)!r}: {err}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"recipe {str(recipe)!r}: not a mapping of config sections")
+    return loaded
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> AppConfig:
-    """Schema defaults ← YAML recipe ← dotted overrides, type-checked, then validated."""
-    schema = OmegaConf.structured(AppConfig)
-    layers: list[DictConfig] = []
-    if recipe is not None:
-        try:
-            layers.append(OmegaConf.load(recipe))
-        except (OSError, yaml.YAMLError) as err:
-            raise ValueError(f"recipe {str(recipe)!r}: {err}") from None
-    layers.append(OmegaConf.from_dotlist(list(overrides or [])))
+    """Schema defaults ← YAML recipe ← dotted overrides (klppo's or verl's names), type-checked.
+
+    Raises:
+        ValueError: one line naming every unknown or refused key, or the first bad value.
+    """
+    errors: list[str] = []
+    layers = [_translated_layer(_read_recipe(recipe), errors)] if recipe is not None else []
     try:
-        merged = OmegaConf.merge(schema, *layers)
-    except ConfigKeyError as err:
-        raise _unknown_key_error(err) from None
+        dotlist = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides or [])))
+    except OmegaConfBaseException as err:
+        raise ValueError(f"bad command-line override: {err}") from None
+    layers.append(_translated_layer(dotlist, errors))
+    if errors:
+        raise ValueError("; ".join(errors))
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(AppConfig), *layers)
     except ValidationError as err:
         raise ValueError(f"bad value for config key '{err.full_key}': {err.msg}") from None
     return _follow_actor_dynamic_bsz(OmegaConf.to_object(merged))

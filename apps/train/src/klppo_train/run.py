@@ -122,7 +122,7 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
     if first:
         c.weight_sync.sync(version=first)
     metrics_log = MetricsLog(run_dir, first, steps, enabled=is_main())
-    if not first:
+    if not first and cfg.trainer.val_before_train:
         metrics_log.log(0, validation_accuracy(c, val_set.items, cfg))
     last = min(steps, cfg.trainer.stop_at_step or steps)
     for step in range(first + 1, last + 1):

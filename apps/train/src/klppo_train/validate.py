@@ -99,6 +99,8 @@ def _check_ranges(c: AppConfig) -> None:
         ("trainer.save_freq", c.trainer.save_freq >= 0, ">= 0"),
         ("trainer.max_ckpt_to_keep", c.trainer.max_ckpt_to_keep >= 0, ">= 0 (0 = keep all)"),
         ("trainer.stop_at_step", c.trainer.stop_at_step >= 0, ">= 0"),
+        ("trainer.n_gpus_per_node", c.trainer.n_gpus_per_node >= 0, ">= 0 (0 = not checked)"),
+        ("trainer.nnodes", c.trainer.nnodes >= 0, ">= 0 (0 = not checked)"),
         (
             "model.warmup_target_accuracy",
             0 <= c.model.warmup_target_accuracy <= 1,
@@ -152,6 +154,15 @@ def _check_kl_control(c: AppConfig) -> None:
             f"algorithm.kl_ctrl.horizon={ctl.horizon:g} is too small for {samples} samples per "
             "step (data.train_batch_size × rollout.n): it must exceed samples / 5, or one "
             "step could drive the KL coefficient to 0"
+        )
+
+
+def _check_launch(c: AppConfig, world_size: int) -> None:
+    gpus, nodes = c.trainer.n_gpus_per_node, c.trainer.nnodes
+    if (gpus or nodes) and gpus * max(nodes, 1) != world_size:
+        raise ValueError(
+            f"trainer.n_gpus_per_node={gpus} × trainer.nnodes={nodes} is not the launch's "
+            f"world size {world_size} (torchrun --nproc-per-node × --nnodes)"
         )
 
 
@@ -279,6 +290,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_algorithm(config)
     _check_batch_sizes(config, world_size)
     _check_fsdp_sizes(config, world_size)
+    _check_launch(config, world_size)
     for role in ("actor", "ref", "critic"):
         try:
             sharding_config(getattr(config, role).fsdp)
