@@ -6,12 +6,13 @@ import math
 import torch
 from transformers import Qwen2ForTokenClassification
 
-from klppo_train.algorithm import make_kl_controller
+from klppo_train.algorithm import make_advantage_fn, make_kl_controller
+from klppo_train.components import Components
 from klppo_train.config import load_config
 from klppo_train.data import DataConfig, PromptDataset
 from klppo_train.embedded import build_model, build_tokenizer
 from klppo_train.rewards import RewardManager
-from klppo_train.step import Components, ppo_step
+from klppo_train.step import ppo_step
 from klppo_train.tasks import make_arithmetic_rows
 from klppo_train.validate import validate_config
 from rollout import HFEngine, HFEngineConfig, WeightSync
@@ -52,6 +53,7 @@ def components(tokenizer) -> Components:
         tokenizer=tokenizer,
         rewards=RewardManager(),
         kl_controller=make_kl_controller(cfg.algorithm),
+        advantage_fn=make_advantage_fn(cfg.algorithm),
         ref=copy.deepcopy(actor).eval(),
         critic=critic,
         critic_optimizer=torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr),

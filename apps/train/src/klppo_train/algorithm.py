@@ -6,6 +6,8 @@ adaptive controller), then the advantage estimator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -56,6 +58,44 @@ def kl_in_reward(
     }
 
 
+# (token_rewards, response_mask, *, values, group_ids) -> (advantages, returns), all [N, T]
+AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def _sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return (token_rewards * response_mask).sum(-1)
+
+
+def _estimators(cfg: AlgorithmConfig) -> dict[str, AdvantageFn]:
+    """Each estimator as one signature; GRPO/RLOO score each sequence by its summed token
+    rewards and group the samples of one prompt by ``group_ids``."""
+    return {
+        "gae": lambda r, m, *, values, group_ids: compute_gae(r, values, m, cfg.gamma, cfg.lam),
+        "grpo": lambda r, m, *, values, group_ids: compute_grpo_advantages(
+            _sequence_scores(r, m), group_ids, m, norm_by_std=cfg.norm_adv_by_std_in_grpo
+        ),
+        "rloo": lambda r, m, *, values, group_ids: compute_rloo_advantages(
+            _sequence_scores(r, m), group_ids, m
+        ),
+        "reinforce_plus_plus": lambda r, m, *, values, group_ids: compute_reinforce_pp_advantages(
+            r, m, cfg.gamma
+        ),
+    }
+
+
+ADV_ESTIMATORS = tuple(_estimators(AlgorithmConfig()))
+
+
+def make_advantage_fn(cfg: AlgorithmConfig) -> AdvantageFn:
+    """``cfg.adv_estimator`` resolved once (build time) to its function."""
+    estimators = _estimators(cfg)
+    if cfg.adv_estimator not in estimators:
+        raise ValueError(
+            f"algorithm.adv_estimator={cfg.adv_estimator!r}; valid: {', '.join(estimators)}"
+        )
+    return estimators[cfg.adv_estimator]
+
+
 def advantages_and_returns(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -64,23 +104,16 @@ def advantages_and_returns(
     values: torch.Tensor | None = None,
     group_ids: torch.Tensor | None = None,
 ):
-    """``(advantages, returns)`` ``[N, T]`` by ``cfg.adv_estimator``; GRPO/RLOO score each
-    sequence by its summed token rewards and need ``group_ids`` (the prompt of each sample)."""
-    name = cfg.adv_estimator
-    if name == "gae":
-        if values is None:
-            raise ValueError("algorithm.adv_estimator=gae needs critic values")
-        return compute_gae(token_rewards, values, response_mask, cfg.gamma, cfg.lam)
-    if name == "reinforce_plus_plus":
-        return compute_reinforce_pp_advantages(token_rewards, response_mask, cfg.gamma)
-    if group_ids is None:
-        raise ValueError(f"algorithm.adv_estimator={name} needs the prompt index of each sample")
-    scores = (token_rewards * response_mask).sum(-1)
-    if name == "grpo":
-        return compute_grpo_advantages(
-            scores, group_ids, response_mask, norm_by_std=cfg.norm_adv_by_std_in_grpo
+    """``(advantages, returns)`` ``[N, T]`` by ``cfg.adv_estimator`` (resolved on each call:
+    the trainer holds :func:`make_advantage_fn`'s result instead)."""
+    if cfg.adv_estimator == "gae" and values is None:
+        raise ValueError("algorithm.adv_estimator=gae needs critic values")
+    if cfg.adv_estimator in ("grpo", "rloo") and group_ids is None:
+        raise ValueError(
+            f"algorithm.adv_estimator={cfg.adv_estimator} needs the prompt index of each sample"
         )
-    return compute_rloo_advantages(scores, group_ids, response_mask)
+    fn = make_advantage_fn(cfg)
+    return fn(token_rewards, response_mask, values=values, group_ids=group_ids)
 
 
 def advantage_metrics(

@@ -20,8 +20,9 @@ from transformers import (
 )
 
 from fsdp_sharding import default_device, iter_full_state_dict, shard_model
-from klppo_train.algorithm import make_kl_controller
+from klppo_train.algorithm import make_advantage_fn, make_kl_controller
 from klppo_train.attention import packed_attention_implementation
+from klppo_train.components import Components
 from klppo_train.config import AppConfig, FsdpConfig
 from klppo_train.data import read_rows
 from klppo_train.embedded import (
@@ -33,7 +34,7 @@ from klppo_train.embedded import (
 from klppo_train.precision import Precision, resolve_precision
 from klppo_train.rewards import RewardManager
 from klppo_train.schedule import make_scheduler
-from klppo_train.step import Components, skips_old_log_prob_pass
+from klppo_train.step import skips_old_log_prob_pass
 from klppo_train.validate import sharding_config
 from rollout import WeightSync
 
@@ -213,6 +214,7 @@ def build_components(cfg: AppConfig, model_dir: Path, tokenizer) -> Components:
         tokenizer=tokenizer,
         rewards=RewardManager(cfg.reward.custom or None, cfg.reward.strict),
         kl_controller=make_kl_controller(cfg.algorithm),
+        advantage_fn=make_advantage_fn(cfg.algorithm),
         ref=ref,
         critic=critic,
         critic_optimizer=critic_opt,

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from fsdp_sharding import load_checkpoint, save_checkpoint
+from klppo_train.components import Components
 from klppo_train.data import PromptLoader
 from klppo_train.distributed import barrier, is_main
-from klppo_train.step import Components
 
 log = logging.getLogger("klppo_train")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")

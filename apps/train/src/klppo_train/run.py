@@ -27,6 +27,7 @@ from klppo_train.checkpoint import (
     resolve_resume,
     save_trainer_checkpoint,
 )
+from klppo_train.components import Components
 from klppo_train.config import AppConfig, to_yaml
 from klppo_train.data import PromptLoader
 from klppo_train.distributed import (
@@ -38,7 +39,7 @@ from klppo_train.distributed import (
 )
 from klppo_train.preflight import Checked, preflight
 from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
-from klppo_train.step import Components, ppo_step
+from klppo_train.step import ppo_step
 from klppo_train.validate import sampling_config
 
 log = logging.getLogger("klppo_train")

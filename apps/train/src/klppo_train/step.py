@@ -11,22 +11,15 @@ all-reduce make the step equal to one process on the whole batch. Metrics are th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from klppo_train.actor import PolicyBatch, actor_update_step
-from klppo_train.algorithm import (
-    advantage_metrics,
-    advantages_and_returns,
-    explained_variance,
-    kl_in_reward,
-)
+from klppo_train.algorithm import advantage_metrics, explained_variance, kl_in_reward
 from klppo_train.batch import RolloutTensors, rollout_tensors
+from klppo_train.components import Components, timed
 from klppo_train.config import AppConfig
 from klppo_train.critic import ValueBatch, critic_update_step
 from klppo_train.data import PromptItem
@@ -36,31 +29,7 @@ from klppo_train.rewards import RewardManager
 from klppo_train.update import select_rows, static_micro_batch_size
 from klppo_train.validate import sampling_config
 from ppo_core import masked_mean
-from rollout import RolloutEngine, WeightSync, logprob_mismatch
-
-
-@dataclass
-class Components:
-    """Everything a step touches, built once by the app (constructor injection)."""
-
-    actor: nn.Module
-    actor_optimizer: torch.optim.Optimizer
-    engine: RolloutEngine
-    weight_sync: WeightSync
-    tokenizer: Any
-    rewards: RewardManager
-    kl_controller: Any
-    ref: nn.Module | None = None
-    critic: nn.Module | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-@contextmanager
-def timed(c: Components, stage: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    c.timings[f"timing_s/{stage}"] = time.perf_counter() - start
+from rollout import logprob_mismatch
 
 
 def score_responses(c: Components, items: Sequence[PromptItem], t: RolloutTensors) -> torch.Tensor:
@@ -119,6 +88,117 @@ def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, **kwargs):
     )
 
 
+@dataclass(frozen=True)
+class ForwardPasses:
+    """The step's forward-only outputs, ``[N, T]`` each (None where that pass did not run)."""
+
+    old: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: int):
+    batch = c.engine.generate([list(i.prompt_ids) for i in items], sampling_config(cfg, step=step))
+    return rollout_tensors(
+        [i.prompt_ids for i in items],
+        batch,
+        pad_token_id=c.tokenizer.pad_token_id,
+        response_length=cfg.rollout.response_length,
+    )
+
+
+def _forward_passes(c: Components, t: RolloutTensors, cfg: AppConfig) -> ForwardPasses:
+    old = entropy = ref = values = None
+    if not skips_old_log_prob_pass(cfg):
+        with timed(c, "old_log_prob"):
+            old, entropy = _no_grad_logprobs(c.actor, t, cfg, cfg.rollout, with_entropy=True)
+    if c.ref is not None:
+        with timed(c, "ref"):
+            ref, _ = _no_grad_logprobs(c.ref, t, cfg, cfg.ref)
+    if c.critic is not None:
+        with timed(c, "values"), torch.no_grad():
+            values = response_values(
+                c.critic,
+                t.input_ids,
+                t.attention_mask,
+                cfg.rollout.response_length,
+                max_tokens=cfg.critic.ppo_max_token_len_per_gpu,
+                micro_batch_size=static_micro_batch_size(
+                    cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
+                ),
+            )
+    return ForwardPasses(old, entropy, ref, values)
+
+
+def _advantages(c: Components, items, t: RolloutTensors, cfg: AppConfig, p: ForwardPasses):
+    """``(scores, advantages, returns, kl metrics)``: rewards, the KL in the reward, the
+    resolved estimator."""
+    scores = score_responses(c, items, t)
+    rewards, metrics = scores, {}
+    if cfg.algorithm.use_kl_in_reward and p.ref is not None:
+        rewards, metrics = kl_in_reward(
+            scores, p.old, p.ref, t.response_mask, cfg.algorithm, c.kl_controller
+        )
+    advantages, returns = c.advantage_fn(
+        rewards, t.response_mask, values=p.values, group_ids=t.prompt_index
+    )
+    return scores, advantages, returns, metrics
+
+
+def _update_critic(c: Components, t: RolloutTensors, p, returns, cfg: AppConfig, step: int):
+    batch = ValueBatch(t.input_ids, t.attention_mask, t.response_mask, p.values, returns)
+    return _epochs(
+        lambda mb: critic_update_step(c.critic, c.critic_optimizer, mb, cfg.critic),
+        batch,
+        cfg.critic.ppo_epochs,
+        cfg.critic.ppo_mini_batch_size * cfg.rollout.n // world_size(),
+        step,
+    )
+
+
+def _update_actor(c: Components, t: RolloutTensors, p, advantages, cfg: AppConfig, step: int):
+    batch = PolicyBatch(
+        t.input_ids,
+        t.attention_mask,
+        t.response_mask,
+        p.old,
+        advantages,
+        p.ref,
+        engine_logprobs=t.engine_logprobs if p.old is None else None,
+    )
+    return _epochs(
+        lambda mb: actor_update_step(
+            c.actor, c.actor_optimizer, mb, cfg.actor, temperature=cfg.rollout.temperature
+        ),
+        batch,
+        cfg.actor.ppo_epochs,
+        cfg.actor.ppo_mini_batch_size * cfg.rollout.n // world_size(),
+        step,
+    )
+
+
+def _step_metrics(t: RolloutTensors, p: ForwardPasses, scores, advantages, returns) -> dict:
+    mask = t.response_mask
+    metrics = advantage_metrics(advantages, returns, mask)
+    if p.values is not None:
+        metrics["critic/vf_explained_var"] = explained_variance(p.values, returns, mask)
+    if p.old is not None:  # else the update measured both in its own forward
+        mismatch = logprob_mismatch(t.engine_logprobs, p.old, mask)
+        metrics.update({k: float(v) for k, v in mismatch.items()})
+        metrics["actor/entropy"] = float(masked_mean(p.entropy, mask))
+    metrics.update(
+        {
+            "critic/score/mean": float((scores * mask).sum(-1).mean()),
+            "response_length/mean": float(mask.sum(-1).float().mean()),
+            "actor/policy_version_sampled": float(t.policy_version),
+            "actor/entropy_rollout": float(masked_mean(-t.engine_logprobs, mask)),
+            "actor/on_policy_shortcut": float(p.old is None),
+        }
+    )
+    return metrics
+
+
 def ppo_step(
     c: Components, items: Sequence[PromptItem], cfg: AppConfig, *, step: int, version: int
 ) -> dict[str, float]:
@@ -127,102 +207,20 @@ def ppo_step(
     c.timings.clear()
     step_start = time.perf_counter()
     items = rank_slice(items)
-    n, T, temperature = cfg.rollout.n, cfg.rollout.response_length, cfg.rollout.temperature
     with timed(c, "gen"):
-        batch = c.engine.generate(
-            [list(i.prompt_ids) for i in items], sampling_config(cfg, step=step)
-        )
-        t = rollout_tensors(
-            [i.prompt_ids for i in items],
-            batch,
-            pad_token_id=c.tokenizer.pad_token_id,
-            response_length=T,
-        )
-    old = entropy = ref = None
-    if not skips_old_log_prob_pass(cfg):
-        with timed(c, "old_log_prob"):
-            old, entropy = _no_grad_logprobs(c.actor, t, cfg, cfg.rollout, with_entropy=True)
-    if c.ref is not None:
-        with timed(c, "ref"):
-            ref, _ = _no_grad_logprobs(c.ref, t, cfg, cfg.ref)
-    values = None
-    if c.critic is not None:
-        with timed(c, "values"), torch.no_grad():
-            values = response_values(
-                c.critic,
-                t.input_ids,
-                t.attention_mask,
-                T,
-                max_tokens=cfg.critic.ppo_max_token_len_per_gpu,
-                micro_batch_size=static_micro_batch_size(
-                    cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
-                ),
-            )
-    metrics: dict[str, float] = {}
+        t = _generate(c, items, cfg, step)
+    passes = _forward_passes(c, t, cfg)
     with timed(c, "adv"):
-        scores = score_responses(c, items, t)
-        rewards = scores
-        if cfg.algorithm.use_kl_in_reward and ref is not None:
-            rewards, kl_metrics = kl_in_reward(
-                scores, old, ref, t.response_mask, cfg.algorithm, c.kl_controller
-            )
-            metrics.update(kl_metrics)
-        advantages, returns = advantages_and_returns(
-            rewards, t.response_mask, cfg.algorithm, values=values, group_ids=t.prompt_index
-        )
-    if c.critic is not None and values is not None:
+        scores, advantages, returns, metrics = _advantages(c, items, t, cfg, passes)
+    if c.critic is not None:
         with timed(c, "update_critic"):
-            vbatch = ValueBatch(t.input_ids, t.attention_mask, t.response_mask, values, returns)
-            metrics.update(
-                _epochs(
-                    lambda mb: critic_update_step(c.critic, c.critic_optimizer, mb, cfg.critic),
-                    vbatch,
-                    cfg.critic.ppo_epochs,
-                    cfg.critic.ppo_mini_batch_size * n // world_size(),
-                    step,
-                )
-            )
+            metrics.update(_update_critic(c, t, passes, returns, cfg, step))
     with timed(c, "update_actor"):
-        pbatch = PolicyBatch(
-            t.input_ids,
-            t.attention_mask,
-            t.response_mask,
-            old,
-            advantages,
-            ref,
-            engine_logprobs=t.engine_logprobs if old is None else None,
-        )
-        metrics.update(
-            _epochs(
-                lambda mb: actor_update_step(
-                    c.actor, c.actor_optimizer, mb, cfg.actor, temperature=temperature
-                ),
-                pbatch,
-                cfg.actor.ppo_epochs,
-                cfg.actor.ppo_mini_batch_size * n // world_size(),
-                step,
-            )
-        )
+        metrics.update(_update_actor(c, t, passes, advantages, cfg, step))
     with timed(c, "update_weights"):
         c.weight_sync.sync(version=version)
-    mask = t.response_mask
-    if values is not None:
-        metrics["critic/vf_explained_var"] = explained_variance(values, returns, mask)
-    metrics.update(advantage_metrics(advantages, returns, mask))
-    if old is not None:  # else the update measured both in its own forward
-        mismatch = logprob_mismatch(t.engine_logprobs, old, mask)
-        metrics.update({k: float(v) for k, v in mismatch.items()})
-        metrics["actor/entropy"] = float(masked_mean(entropy, mask))
+    metrics.update(_step_metrics(t, passes, scores, advantages, returns))
     metrics.update(c.rewards.metrics(reset=True))
-    metrics.update(
-        {
-            "critic/score/mean": float((scores * mask).sum(-1).mean()),
-            "response_length/mean": float(mask.sum(-1).float().mean()),
-            "actor/policy_version_sampled": float(t.policy_version),
-            "actor/entropy_rollout": float(masked_mean(-t.engine_logprobs, mask)),
-            "actor/on_policy_shortcut": float(old is None),
-        }
-    )
     c.timings["timing_s/step"] = time.perf_counter() - step_start
     metrics.update(c.timings)
     # verl's definition: tokens (prompt + response) per second per device.

@@ -24,9 +24,8 @@ from batching import (
 from fsdp_sharding import clip_grad_norm, load_optimizer
 from fsdp_sharding import offload_optimizer as offload_optimizer_state
 from klppo_train.distributed import world_size
+from ppo_core import SHARE_METRICS
 
-# Loss metrics that are shares of the global mean: they add up over micro-batches.
-SHARE_METRICS = ("pg_loss", "vf_loss")
 MicroLoss = Callable[[nn.Module, Any, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 

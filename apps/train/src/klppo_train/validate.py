@@ -12,6 +12,7 @@ import torch
 
 from batching import check_token_budgets
 from fsdp_sharding import MixedPrecision, ShardingConfig, default_device
+from klppo_train.algorithm import ADV_ESTIMATORS
 from klppo_train.attention import IMPLEMENTATIONS
 from klppo_train.config import AppConfig, FsdpConfig
 from klppo_train.precision import DTYPES
@@ -19,7 +20,6 @@ from klppo_train.schedule import SCHEDULES
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
 from rollout import SamplingConfig
 
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
 CHOICES = {
     "algorithm.adv_estimator": ADV_ESTIMATORS,
     "algorithm.kl_penalty": KL_ESTIMATORS,

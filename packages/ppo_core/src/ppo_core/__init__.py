@@ -22,7 +22,13 @@ from ppo_core.advantages import (
 from ppo_core.kl import KL_ESTIMATORS, apply_kl_penalty, kl_penalty
 from ppo_core.kl_control import AdaptiveKLController, FixedKLController
 from ppo_core.logits import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
-from ppo_core.losses import LOSS_AGG_MODES, aggregate_loss, policy_loss, value_loss
+from ppo_core.losses import (
+    LOSS_AGG_MODES,
+    SHARE_METRICS,
+    aggregate_loss,
+    policy_loss,
+    value_loss,
+)
 from ppo_core.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 try:
@@ -33,6 +39,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "SHARE_METRICS",
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate_loss",

@@ -26,6 +26,11 @@ LOSS_AGG_MODES = (
 )
 """Every ``mode`` :func:`aggregate_loss` accepts."""
 
+SHARE_METRICS = ("pg_loss", "vf_loss")
+"""Metrics of :func:`policy_loss` / :func:`value_loss` that are micro-batch *shares* of the
+global loss (given the global counts): a step's value is their sum over micro-batches, not
+a token-weighted mean like the other metrics."""
+
 Count = int | float | torch.Tensor
 
 
