@@ -1,0 +1,122 @@
+"""Every config field reaches a consumer: two real runs (vLLM and HF engines, the two
+families of choices) with every read of a config field recorded; a field no code reads
+(beyond its validation) is a key that is accepted and does nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from field_usage_runner import config_classes
+
+from klppo_train.data import write_parquet
+from klppo_train.tasks import COMPACT, make_arithmetic_rows
+
+RUNNER = Path(__file__).with_name("field_usage_runner.py")
+# Keys whose whole effect is a check against the launch (torchrun's world size).
+CHECK_ONLY = {"TrainerConfig.n_gpus_per_node", "TrainerConfig.nnodes"}
+REWARD = "def score(data_source, solution_str, ground_truth, extra_info):\n    return 0.5\n"
+
+
+def _reads(tmp_path: Path, name: str, args: list[str]) -> set[str]:
+    out = tmp_path / f"{name}.json"
+    env = {
+        **os.environ,
+        "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", "/tmp/klppo_vllm_cache"),
+    }
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return set(json.loads(out.read_text()))
+
+
+def _vllm_run(tmp_path: Path) -> list[str]:
+    """The embedded default's choices: GAE + critic, adaptive KL in the reward, budgets."""
+    run = tmp_path / "a"
+    return [
+        f"trainer.run_dir={run}",
+        f"data.train_files=[{run}/data/train.parquet]",
+        f"data.val_files=[{run}/data/val.parquet]",
+        "model.warmup_steps=5",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=1",
+        "trainer.max_ckpt_to_keep=1",
+        "trainer.test_freq=1",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=4",
+        "critic.ppo_mini_batch_size=4",
+        "rollout.n=4",
+    ]
+
+
+def _hf_run(tmp_path: Path) -> list[str]:
+    """The other choices: GRPO without a critic, KL in the loss, static micro-batches, a
+    custom reward, epochs instead of steps, an overlong prompt filtered out."""
+    run = tmp_path / "b"
+    long = {**make_arithmetic_rows(1, seed=9, template=COMPACT)[0]}
+    long["prompt"] = [{"role": "user", "content": "9" * 100}]
+    write_parquet([*make_arithmetic_rows(16, seed=0, template=COMPACT), long], run / "t.parquet")
+    write_parquet(make_arithmetic_rows(6, seed=1, template=COMPACT), run / "v.parquet")
+    (run / "reward.py").write_text(REWARD)
+    return [
+        f"trainer.run_dir={run}",
+        f"data.train_files=[{run / 't.parquet'}]",
+        f"data.val_files=[{run / 'v.parquet'}]",
+        f"reward.custom={run / 'reward.py'}:score",
+        "model.warmup_steps=5",
+        "rollout.engine=hf",
+        "trainer.total_training_steps=0",
+        "trainer.total_epochs=1",
+        "data.train_batch_size=8",
+        "data.val_batch_size=4",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=2",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=false",
+        "algorithm.kl_ctrl.type=fixed",
+        "critic.enable=false",
+        "actor.use_kl_loss=true",
+        "actor.entropy_coeff=0.01",
+        "actor.use_dynamic_bsz=false",
+        "actor.ppo_micro_batch_size_per_gpu=2",
+    ]
+
+
+@pytest.mark.slow  # two short real runs (one starts vLLM)
+def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
+    reads = _reads(tmp_path, "vllm", _vllm_run(tmp_path)) | _reads(
+        tmp_path, "hf", _hf_run(tmp_path)
+    )
+    every = {f"{cls.__name__}.{f.name}" for cls in config_classes() for f in fields(cls)}
+    sections = {
+        f"{cls.__name__}.{f.name}"
+        for cls in config_classes()
+        for f in fields(cls)
+        if f.name
+        in (
+            "data",
+            "model",
+            "actor",
+            "ref",
+            "critic",
+            "rollout",
+            "algorithm",
+            "reward",
+            "trainer",
+            "fsdp",
+            "kl_ctrl",
+        )
+    }
+    unread = every - reads - CHECK_ONLY - sections
+    assert not unread, f"config fields no code reads: {sorted(unread)}"
