@@ -3,6 +3,8 @@ the KL switches: real sharded models (1-rank gloo group), HF engine, tiny embedd
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -164,3 +166,13 @@ def test_model_compile_compiles_the_blocks_and_keeps_the_numbers(model_dir) -> N
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
     got.sum().backward()  # the compiled backward runs too
     assert all(p.grad is not None for p in compiled.actor.parameters())
+
+
+@pytest.mark.usefixtures("process_group")
+def test_sharded_critic_forward_gives_fsdp2_no_view_warning(model_dir) -> None:
+    c = build(model_dir)
+    ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        response_values(c.critic, ids, mask, T, max_tokens=1000).sum().backward()
+    assert not [w for w in caught if "view tensor" in str(w.message)]

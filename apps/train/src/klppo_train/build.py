@@ -162,6 +162,15 @@ def adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
 
 
+def _values_not_a_view(module, args, output):
+    """The value head (``nn.Linear`` over ``[1, nnz, H]``) returns a view of its 2-D matmul,
+    and the FSDP2 root returns it as is, which FSDP2 warns about (an in-place op on that
+    view would skip its pre-backward hook). A copy of ``[1, nnz, 1]`` values costs nothing.
+    Registered before sharding, so it runs before FSDP2's post-forward hook."""
+    output.logits = output.logits.clone()
+    return output
+
+
 def _critic(cfg: AppConfig, model_dir: Path, compute: Precision):
     """A value head on the actor's backbone; no dropout (the head defaults to 0.1). The head
     is freshly initialised from the global seed, identically on every rank."""
@@ -170,6 +179,7 @@ def _critic(cfg: AppConfig, model_dir: Path, compute: Precision):
     critic = _load(
         cfg, AutoModelForTokenClassification, model_dir, torch.float32, config=critic_config
     )
+    critic.register_forward_hook(_values_not_a_view)
     critic = _sharded(critic, cfg.critic.fsdp, compute, cfg.model.gradient_checkpointing)
     return critic, adamw(critic, cfg.critic.lr, cfg.critic.weight_decay)
 

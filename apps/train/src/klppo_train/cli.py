@@ -29,6 +29,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the libraries' logs and warnings (vLLM, transformers, FSDP)",
+    )
+    parser.add_argument(
         "--debug", action="store_true", help="show the traceback of a config or data error"
     )
     args = parser.parse_intermixed_args(argv)  # flags anywhere among the overrides

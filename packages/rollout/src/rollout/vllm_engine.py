@@ -122,6 +122,7 @@ class VLLMEngine:
             seed=c.seed,
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=False,  # a progress bar per start, between the trainer's own
         )
         optional = {
             "max_model_len": c.max_model_len,
