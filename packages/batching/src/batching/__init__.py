@@ -10,6 +10,8 @@
 - :func:`pack` → :class:`Packing`, :func:`unpack`: sequence packing (remove padding)
 - :func:`varlen_causal_attention` over a :func:`varlen_layout`: packed causal attention at
   a cost linear in the sequences' own lengths (no ``[nnz, nnz]`` mask)
+- :func:`per_response_token`: a model's per-token outputs over a verl prompt + response
+  batch, micro-batched and packed, back in input order
 - :func:`check_token_budgets`, :func:`suggest_token_budgets`: budget rules of thumb
 """
 
@@ -42,6 +44,7 @@ from batching.packing import (
     unpack,
 )
 from batching.partition import balanced_partitions
+from batching.per_token import PackedFn, micro_batch_plan, per_response_token
 from batching.ranks import RankAssignment, balance_across_ranks
 
 try:
@@ -60,6 +63,9 @@ __all__ = [
     "TokenBudgets",
     "balance_across_ranks",
     "balanced_partitions",
+    "micro_batch_plan",
+    "per_response_token",
+    "PackedFn",
     "block_causal_mask",
     "check_token_budgets",
     "first_fit_decreasing_count",

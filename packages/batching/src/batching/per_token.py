@@ -1,0 +1,81 @@
+"""Per-response-token outputs of a model over a verl batch: micro-batched, packed, back in
+input order.
+
+The layout is verl's: ``input_ids`` ``[B, P + T]`` = left-padded prompts ``[B, P]`` followed
+by right-padded responses ``[B, T]``, with one ``attention_mask``. :func:`per_response_token`
+splits the batch into micro-batches (a token budget, :func:`token_budget_micro_batches`, or
+verl's static mode of a fixed number of sequences), packs each into one row without padding
+(:func:`pack`), lets ``compute`` produce per-token outputs at the packed positions that
+predict a response token, and returns them ``[B, T]`` in the input order. What ``compute``
+is (log-probs from an LM, values from a value head) is the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from batching.micro_batches import (
+    MicroBatchPlan,
+    fixed_size_micro_batches,
+    restore_order,
+    token_budget_micro_batches,
+)
+from batching.packing import Packing, pack
+
+# compute(model, packing, keep) -> per-token outputs at the packed positions ``keep`` [K]
+PackedFn = Callable[[nn.Module, Packing, torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+def _padded(values: torch.Tensor, keep: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """``[K]`` values at packed positions ``keep`` → ``[B, S]`` (zeros elsewhere;
+    differentiable): one scatter straight into the padded layout."""
+    out = values.new_zeros(packing.batch_size * packing.seq_len)
+    out = out.index_put((packing.indices[keep],), values)
+    return out.view(packing.batch_size, packing.seq_len)
+
+
+def micro_batch_plan(
+    lengths: torch.Tensor,
+    max_tokens: int,
+    micro_batch_size: int | None = None,
+    num_micro_batches: int | None = None,
+) -> MicroBatchPlan:
+    """Token-budget micro-batches (``use_dynamic_bsz``), or with ``micro_batch_size`` fixed
+    ones of that many sequences (verl's static mode; the budget is then not used)."""
+    if micro_batch_size is not None:
+        return fixed_size_micro_batches(lengths, micro_batch_size)
+    return token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
+
+
+def per_response_token(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    compute: PackedFn,
+    *,
+    max_tokens: int,
+    micro_batch_size: int | None = None,
+    num_micro_batches: int | None = None,
+) -> list[torch.Tensor]:
+    """Run ``compute`` per micro-batch; return each output as ``[B, T]``: the value at the
+    position *before* each response token (the one that predicts it), in the input order."""
+    lengths = attention_mask.sum(-1)
+    plan = micro_batch_plan(lengths, max_tokens, micro_batch_size, num_micro_batches)
+    # Position s predicts token s + 1: responses start at column P, so their values sit at
+    # columns P - 1 .. P + T - 2.
+    start = input_ids.shape[1] - response_length - 1
+    outputs: list[list[torch.Tensor]] = []
+    for members in plan.micro_batches:
+        rows = torch.tensor(members, device=input_ids.device)
+        packing = pack(input_ids[rows], attention_mask[rows])
+        column = packing.indices % packing.seq_len
+        keep = ((column >= start) & (column < start + response_length)).nonzero().squeeze(-1)
+        outputs.append([_padded(t, keep, packing) for t in compute(model, packing, keep)])
+    return [
+        restore_order([o[k] for o in outputs], plan)[:, start : start + response_length]
+        for k in range(len(outputs[0]))
+    ]
