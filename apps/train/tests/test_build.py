@@ -176,3 +176,26 @@ def test_sharded_critic_forward_gives_fsdp2_no_view_warning(model_dir) -> None:
         warnings.simplefilter("always")
         response_values(c.critic, ids, mask, T, max_tokens=1000).sum().backward()
     assert not [w for w in caught if "view tensor" in str(w.message)]
+
+
+@pytest.mark.usefixtures("process_group")
+@pytest.mark.parametrize(
+    ("setting", "units"),
+    [
+        ([], {"Qwen2DecoderLayer"}),  # the model's own _no_split_modules
+        (["critic.fsdp.wrap_policy=[Qwen2MLP]"], {"Qwen2MLP"}),
+        # by size, bottom-up: each MLP (~25k parameters), then the model body with the rest
+        (["critic.fsdp.min_num_params=20000"], {"Qwen2MLP", "Qwen2Model"}),
+    ],
+)
+def test_wrap_policy_and_min_num_params_choose_the_shard_units(model_dir, setting, units) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    c = build(model_dir, *setting)
+    root = type(c.critic).__name__.removeprefix("FSDP")
+    found = {
+        type(m).__name__.removeprefix("FSDP")
+        for m in c.critic.modules()
+        if isinstance(m, FSDPModule)
+    } - {root}
+    assert found == units

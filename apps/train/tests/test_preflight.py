@@ -106,6 +106,8 @@ BAD_CONFIGS = [
         "rollout.log_prob_micro_batch_size_per_gpu must be >= 1",
     ),
     (["ref.fsdp.optimizer_offload=true"], "the reference has no optimizer"),
+    (["rollout.max_num_batched_tokens=0"], "rollout.max_num_batched_tokens must be >= 1"),
+    (["actor.fsdp.min_num_params=100", "actor.fsdp.wrap_policy=[Qwen2MLP]"], "actor.fsdp"),
     (["actor.foo=1"], "unknown config key 'actor.foo'"),
     (["actor.lr=abc"], "actor.lr"),
     (["actor.lr=0"], "actor.lr must be > 0"),
@@ -134,8 +136,13 @@ BAD_CONFIGS = [
 ]
 
 
-if not torch.cuda.is_available():  # on CUDA the offload is real (scripts/gpu_check.sh)
-    BAD_CONFIGS.append((["critic.fsdp.optimizer_offload=true"], "only takes effect on CUDA"))
+if not torch.cuda.is_available():  # on CUDA the offloads are real (scripts/gpu_check.sh)
+    BAD_CONFIGS += [
+        (["critic.fsdp.optimizer_offload=true"], "critic.fsdp.optimizer_offload=true only"),
+        (["actor.fsdp.param_offload=true"], "actor.fsdp.param_offload=true only takes effect"),
+        (["ref.fsdp.offload_policy=true"], "ref.fsdp.offload_policy=true only takes effect"),
+        (["actor.fsdp.activation_offload=true"], "actor.fsdp.activation_offload=true only"),
+    ]
 
 
 @pytest.mark.parametrize(("args", "match"), BAD_CONFIGS, ids=lambda a: " ".join(a)[:60])

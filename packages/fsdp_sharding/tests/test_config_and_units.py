@@ -65,6 +65,11 @@ def test_size_based_policy() -> None:
     assert [type(u).__name__ for u in units] == ["Qwen2DecoderLayer"] * 2
     with pytest.raises(ValueError, match="matched no module"):
         choose_shard_units(model, ShardingConfig(min_num_params=10**9))
+    # more than one layer's worth: the layers' ModuleList would qualify, but a container
+    # without its own forward cannot be a unit (fully_shard refuses it); its parameters move
+    # up to the model body instead
+    units = choose_shard_units(model, ShardingConfig(min_num_params=60_000))
+    assert [type(u).__name__ for u in units] == ["Qwen2Model"]
 
 
 def test_reshard_policy_keeps_the_last_unit() -> None:

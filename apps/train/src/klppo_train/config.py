@@ -51,10 +51,20 @@ class FsdpConfig:
     """Primitive mirror of ``fsdp_sharding.ShardingConfig`` (YAML has no torch dtypes)."""
 
     strategy: str = "fsdp2"
+    # Shard units: these module class names (None = the model's decoder layer), or every
+    # module with at least min_num_params parameters not yet in a unit.
+    wrap_policy: list[str] | None = None
+    min_num_params: int | None = None
     # false | true (1 unit ahead) | a depth >= 1 (FSDP2 prefetches that many units ahead)
     forward_prefetch: Any = False
+    backward_prefetch: bool = True
     reshard_after_forward: bool = True
+    # Host-memory levers (CUDA only): parameters between uses; FSDP2's CPUOffloadPolicy
+    # (parameters, gradients and the optimizer step on CPU); saved activations in forward;
+    # the optimizer state between steps.
     param_offload: bool = False
+    offload_policy: bool = False
+    activation_offload: bool = False
     optimizer_offload: bool = False
     param_dtype: str = ""  # "" = per-device default (bf16 on GPU, fp32 on CPU)
     fsdp_size: int = -1
@@ -125,6 +135,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     kv_cache_space_gib: float = 1.0
     max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # vLLM's per-step token budget (None: its own)
+    enable_prefix_caching: bool = True
+    disable_log_stats: bool = True
     enforce_eager: bool = True
     val_temperature: float = 0.0
 

@@ -81,6 +81,11 @@ def _check_ranges(c: AppConfig) -> None:
             "in (0, 1]",
         ),
         ("rollout.val_temperature", c.rollout.val_temperature >= 0, ">= 0"),
+        (
+            "rollout.max_num_batched_tokens",
+            c.rollout.max_num_batched_tokens is None or c.rollout.max_num_batched_tokens >= 1,
+            ">= 1 or null",
+        ),
         ("actor.clip_ratio_low", 0 < c.actor.clip_ratio_low < 1, "in (0, 1)"),
         ("actor.clip_ratio_high", 0 < c.actor.clip_ratio_high < 1, "in (0, 1)"),
         ("actor.clip_ratio_c", c.actor.clip_ratio_c > 1, "> 1"),
@@ -169,12 +174,14 @@ def _check_launch(c: AppConfig, world_size: int) -> None:
 def _check_fsdp_sizes(c: AppConfig, world_size: int) -> None:
     if c.ref.fsdp.optimizer_offload:
         raise ValueError("ref.fsdp.optimizer_offload=true: the reference has no optimizer")
-    for role in ("actor", "critic"):
-        if getattr(c, role).fsdp.optimizer_offload and default_device().type != "cuda":
-            raise ValueError(
-                f"{role}.fsdp.optimizer_offload=true only takes effect on CUDA (it moves the "
-                "optimizer state to host memory between steps; here it is there already)"
-            )
+    offloads = ("param_offload", "offload_policy", "activation_offload", "optimizer_offload")
+    for role in ("actor", "ref", "critic"):
+        for key in offloads:
+            if getattr(getattr(c, role).fsdp, key) and default_device().type != "cuda":
+                raise ValueError(
+                    f"{role}.fsdp.{key}=true only takes effect on CUDA (it moves tensors to "
+                    "host memory; here they are there already)"
+                )
     for role in ("actor", "ref", "critic"):
         size = getattr(c, role).fsdp.fsdp_size
         if size != -1 and (size < 1 or world_size % size):
@@ -249,9 +256,14 @@ def sharding_config(
     mixed = MixedPrecision(param_dtype, torch.float32, torch.float32)
     return ShardingConfig(
         strategy=fsdp.strategy,
+        wrap_policy=tuple(fsdp.wrap_policy) if fsdp.wrap_policy is not None else None,
+        min_num_params=fsdp.min_num_params,
         forward_prefetch=fsdp.forward_prefetch,
+        backward_prefetch=fsdp.backward_prefetch,
         reshard_after_forward=fsdp.reshard_after_forward,
         param_offload=fsdp.param_offload,
+        offload_policy=fsdp.offload_policy,
+        activation_offload=fsdp.activation_offload,
         optimizer_offload=fsdp.optimizer_offload,
         mixed_precision=mixed,
         gradient_checkpointing=gradient_checkpointing,

@@ -29,14 +29,22 @@ def units_by_class(model: nn.Module, class_names: tuple[str, ...]) -> list[nn.Mo
     return units
 
 
+# Containers without a forward of their own cannot be shard units (fully_shard refuses
+# them, as torch's size_based_auto_wrap_policy excludes them): their parameters count
+# towards the parent instead.
+CONTAINERS = (nn.ModuleList, nn.ModuleDict)
+
+
 def units_by_size(model: nn.Module, min_num_params: int) -> list[nn.Module]:
-    """Bottom-up: a module becomes a unit once its not-yet-wrapped parameters reach the bound."""
+    """Bottom-up: a module becomes a unit once its not-yet-wrapped parameters reach the bound
+    (``ModuleList``/``ModuleDict`` never do: their parameters move up to the parent)."""
     units: list[nn.Module] = []
 
     def visit(module: nn.Module) -> int:
         remaining = sum(visit(child) for child in module.children())
         remaining += sum(p.numel() for p in module.parameters(recurse=False))
-        if module is not model and remaining >= min_num_params:
+        unit = module is not model and not isinstance(module, CONTAINERS)
+        if unit and remaining >= min_num_params:
             units.append(module)
             return 0
         return remaining
