@@ -80,8 +80,8 @@ def setting_overrides(setting: str) -> list[str]:
 def prepare() -> tuple[Path, Path]:
     """The cached model directory and the prompt parquet files."""
     from klppo_train.data import write_parquet
-    from klppo_train.smollm2 import convert_smollm2
-    from klppo_train.tasks import make_arithmetic_rows
+    from klppo_train.demo.smollm2 import convert_smollm2
+    from klppo_train.demo.tasks import make_arithmetic_rows
 
     model = CACHE / "smollm2"
     if not (model / "config.json").exists():

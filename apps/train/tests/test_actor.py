@@ -8,7 +8,7 @@ from train_testing import prompt_response_batch
 
 from klppo_train.actor import PolicyBatch, actor_update_step
 from klppo_train.config import ActorConfig
-from klppo_train.embedded import build_model
+from klppo_train.demo.embedded import build_model
 from klppo_train.forward import response_logprobs
 from ppo_core import aggregate_loss, kl_penalty, policy_loss
 

@@ -13,11 +13,12 @@ from train_testing import prompt_response_batch
 from klppo_train.build import build_components
 from klppo_train.config import load_config
 from klppo_train.data import write_parquet
+from klppo_train.demo.embedded import build_model, build_tokenizer
+from klppo_train.demo.tasks import make_arithmetic_rows
 from klppo_train.distributed import init_distributed
-from klppo_train.embedded import build_model, build_tokenizer, save_atomically
 from klppo_train.forward import response_logprobs, response_values
+from klppo_train.hf_dirs import save_atomically
 from klppo_train.precision import choose_cpu_dtype, resolve_precision
-from klppo_train.tasks import make_arithmetic_rows
 
 P, T = 24, 4
 

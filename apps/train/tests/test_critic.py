@@ -9,7 +9,7 @@ from transformers import Qwen2ForTokenClassification
 
 from klppo_train.config import CriticConfig, FsdpConfig
 from klppo_train.critic import ValueBatch, critic_update_step
-from klppo_train.embedded import build_model
+from klppo_train.demo.embedded import build_model
 from klppo_train.forward import response_values
 from ppo_core import value_loss
 

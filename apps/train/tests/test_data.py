@@ -18,7 +18,7 @@ from klppo_train.data import (
     read_rows,
     write_parquet,
 )
-from klppo_train.tasks import gsm8k_rows, main, make_arithmetic_rows
+from klppo_train.demo.tasks import gsm8k_rows, main, make_arithmetic_rows
 
 # One token per character, so a prompt's length is the length of its rendered text.
 TEMPLATE = (

@@ -6,16 +6,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klppo_train.embedded import (
+from klppo_train.demo.embedded import (
     answer_accuracy,
     build_model,
     build_tokenizer,
-    load_tokenizer,
-    save_atomically,
     supervised_batch,
     warm_up,
 )
-from klppo_train.tasks import make_arithmetic_rows
+from klppo_train.demo.tasks import make_arithmetic_rows
+from klppo_train.hf_dirs import load_tokenizer, save_atomically
 
 ROW = make_arithmetic_rows(1, seed=0)[0]
 

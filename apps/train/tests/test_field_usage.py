@@ -15,7 +15,7 @@ import pytest
 from field_usage_runner import config_classes
 
 from klppo_train.data import write_parquet
-from klppo_train.tasks import COMPACT, make_arithmetic_rows
+from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
 
 RUNNER = Path(__file__).with_name("field_usage_runner.py")
 # Keys whose whole effect is a check against the launch (torchrun's world size).

@@ -6,7 +6,7 @@ import torch
 from train_testing import prompt_response_batch
 
 from klppo_train.attention import VARLEN
-from klppo_train.embedded import build_model
+from klppo_train.demo.embedded import build_model
 from klppo_train.forward import response_logprobs, response_values
 
 P, T, VOCAB = 6, 5, 64

@@ -14,8 +14,8 @@ import torch
 import klppo_train.__main__ as entry
 from klppo_train.config import load_config
 from klppo_train.data import write_parquet
+from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
 from klppo_train.preflight import preflight
-from klppo_train.tasks import COMPACT, make_arithmetic_rows
 
 GOOD = make_arithmetic_rows(64, seed=0, template=COMPACT)
 

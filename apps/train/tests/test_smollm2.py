@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klppo_train.tasks import main as klppo_data
+from klppo_train.demo.tasks import main as klppo_data
 
 pytestmark = pytest.mark.slow  # ~1 minute: dequantize 135M parameters, save 517 MB
 

@@ -10,10 +10,10 @@ from klppo_train.algorithm import make_advantage_fn, make_kl_controller
 from klppo_train.components import Components
 from klppo_train.config import load_config
 from klppo_train.data import DataConfig, PromptDataset
-from klppo_train.embedded import build_model, build_tokenizer
+from klppo_train.demo.embedded import build_model, build_tokenizer
+from klppo_train.demo.tasks import make_arithmetic_rows
 from klppo_train.rewards import RewardManager
 from klppo_train.step import ppo_step
-from klppo_train.tasks import make_arithmetic_rows
 from klppo_train.validate import validate_config
 from rollout import HFEngine, HFEngineConfig, WeightSync
 

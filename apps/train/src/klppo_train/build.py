@@ -25,12 +25,8 @@ from klppo_train.attention import packed_attention_implementation
 from klppo_train.components import Components
 from klppo_train.config import AppConfig, FsdpConfig
 from klppo_train.data import read_rows
-from klppo_train.embedded import (
-    build_model,
-    build_tokenizer,
-    save_atomically,
-    warm_up,
-)
+from klppo_train.demo.embedded import build_model, build_tokenizer, warm_up
+from klppo_train.hf_dirs import save_atomically
 from klppo_train.precision import Precision, resolve_precision
 from klppo_train.rewards import RewardManager
 from klppo_train.schedule import make_scheduler

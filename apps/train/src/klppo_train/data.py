@@ -9,7 +9,7 @@ A row (one prompt) has the columns verl's example datasets use::
     extra_info    struct, optional           kept as-is and handed to the reward
 
 The built-in datasets (arithmetic, GSM8K conversion) and their command line are in
-:mod:`klppo_train.tasks`.
+:mod:`klppo_train.demo.tasks`.
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from klppo_train.config import AppConfig
 from klppo_train.data import PromptDataset, read_rows, write_parquet
-from klppo_train.embedded import build_tokenizer, load_tokenizer
+from klppo_train.demo.embedded import build_tokenizer
+from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
+from klppo_train.hf_dirs import load_tokenizer
 from klppo_train.rewards import BUILTIN_REWARDS, load_custom_reward
-from klppo_train.tasks import COMPACT, make_arithmetic_rows
 from klppo_train.validate import validate_config
 
 log = logging.getLogger("klppo_train")

@@ -5,7 +5,7 @@
 - a converter for local GSM8K jsonl files (``{"question", "answer"}`` with ``#### <n>``).
 
 ``klppo-data arithmetic --out DIR`` / ``klppo-data gsm8k --jsonl F --out F.parquet`` /
-``klppo-data smollm2 --out MODEL_DIR`` (or ``python -m klppo_train.tasks ...``).
+``klppo-data smollm2 --out MODEL_DIR`` (or ``python -m klppo_train.demo.tasks ...``).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(f"wrote {n} rows to {out / f'{name}.parquet'}")
     elif args.command == "smollm2":
-        from klppo_train.smollm2 import convert_smollm2
+        from klppo_train.demo.smollm2 import convert_smollm2
 
         print(f"wrote {convert_smollm2(args.out)}")
     else:
