@@ -282,19 +282,19 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     return _follow_actor_dynamic_bsz(OmegaConf.to_object(merged))
 
 
-def _follow_actor_dynamic_bsz(c: AppConfig) -> AppConfig:
+def _follow_actor_dynamic_bsz(cfg: AppConfig) -> AppConfig:
     """verl's defaults: the critic's, reference's and rollout's ``use_dynamic_bsz`` switches
     follow ``actor.use_dynamic_bsz`` unless set."""
-    mode = c.actor.use_dynamic_bsz
+    mode = cfg.actor.use_dynamic_bsz
 
     def follow(section, key):
         return section if getattr(section, key) is not None else replace(section, **{key: mode})
 
     return replace(
-        c,
-        critic=follow(c.critic, "use_dynamic_bsz"),
-        ref=follow(c.ref, "log_prob_use_dynamic_bsz"),
-        rollout=follow(c.rollout, "log_prob_use_dynamic_bsz"),
+        cfg,
+        critic=follow(cfg.critic, "use_dynamic_bsz"),
+        ref=follow(cfg.ref, "log_prob_use_dynamic_bsz"),
+        rollout=follow(cfg.rollout, "log_prob_use_dynamic_bsz"),
     )
 
 

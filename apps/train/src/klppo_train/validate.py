@@ -41,7 +41,7 @@ def _get(config: AppConfig, key: str):
     return value
 
 
-def _positive_counts(c: AppConfig) -> list[tuple[str, bool, str]]:
+def _positive_counts(cfg: AppConfig) -> list[tuple[str, bool, str]]:
     """Sizes, counts and budgets: zero or negative ones fail late (a ZeroDivisionError, a
     step without any update, a crash in step 1) or silently do nothing."""
     keys = [
@@ -62,71 +62,75 @@ def _positive_counts(c: AppConfig) -> list[tuple[str, bool, str]]:
         "rollout.max_num_seqs",
         "trainer.total_epochs",
     ]
-    return [(key, _get(c, key) >= 1, ">= 1") for key in keys]
+    return [(key, _get(cfg, key) >= 1, ">= 1") for key in keys]
 
 
-def _check_ranges(c: AppConfig) -> None:
-    rules = _positive_counts(c) + [
-        ("actor.grad_clip", c.actor.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
-        ("critic.grad_clip", c.critic.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
-        ("actor.weight_decay", c.actor.weight_decay >= 0, ">= 0"),
-        ("critic.weight_decay", c.critic.weight_decay >= 0, ">= 0"),
-        ("actor.lr_warmup_steps", c.actor.lr_warmup_steps >= 0, ">= 0"),
-        ("critic.lr_warmup_steps", c.critic.lr_warmup_steps >= 0, ">= 0"),
-        ("trainer.total_training_steps", c.trainer.total_training_steps >= 0, ">= 0 (0 = epochs)"),
-        ("rollout.kv_cache_space_gib", c.rollout.kv_cache_space_gib > 0, "> 0"),
+def _check_ranges(cfg: AppConfig) -> None:
+    rules = _positive_counts(cfg) + [
+        ("actor.grad_clip", cfg.actor.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
+        ("critic.grad_clip", cfg.critic.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
+        ("actor.weight_decay", cfg.actor.weight_decay >= 0, ">= 0"),
+        ("critic.weight_decay", cfg.critic.weight_decay >= 0, ">= 0"),
+        ("actor.lr_warmup_steps", cfg.actor.lr_warmup_steps >= 0, ">= 0"),
+        ("critic.lr_warmup_steps", cfg.critic.lr_warmup_steps >= 0, ">= 0"),
+        (
+            "trainer.total_training_steps",
+            cfg.trainer.total_training_steps >= 0,
+            ">= 0 (0 = epochs)",
+        ),
+        ("rollout.kv_cache_space_gib", cfg.rollout.kv_cache_space_gib > 0, "> 0"),
         (
             "rollout.gpu_memory_utilization",
-            0 < c.rollout.gpu_memory_utilization <= 1,
+            0 < cfg.rollout.gpu_memory_utilization <= 1,
             "in (0, 1]",
         ),
-        ("rollout.val_temperature", c.rollout.val_temperature >= 0, ">= 0"),
+        ("rollout.val_temperature", cfg.rollout.val_temperature >= 0, ">= 0"),
         (
             "rollout.max_num_batched_tokens",
-            c.rollout.max_num_batched_tokens is None or c.rollout.max_num_batched_tokens >= 1,
+            cfg.rollout.max_num_batched_tokens is None or cfg.rollout.max_num_batched_tokens >= 1,
             ">= 1 or null",
         ),
-        ("actor.clip_ratio_low", 0 < c.actor.clip_ratio_low < 1, "in (0, 1)"),
-        ("actor.clip_ratio_high", 0 < c.actor.clip_ratio_high < 1, "in (0, 1)"),
-        ("actor.clip_ratio_c", c.actor.clip_ratio_c > 1, "> 1"),
-        ("critic.cliprange_value", c.critic.cliprange_value > 0, "> 0"),
-        ("algorithm.gamma", 0 <= c.algorithm.gamma <= 1, "in [0, 1]"),
-        ("algorithm.lam", 0 <= c.algorithm.lam <= 1, "in [0, 1]"),
-        ("algorithm.kl_ctrl.kl_coef", c.algorithm.kl_ctrl.kl_coef >= 0, ">= 0"),
-        ("algorithm.kl_ctrl.target_kl", c.algorithm.kl_ctrl.target_kl > 0, "> 0"),
-        ("algorithm.kl_ctrl.horizon", c.algorithm.kl_ctrl.horizon > 0, "> 0"),
-        ("actor.kl_loss_coef", c.actor.kl_loss_coef >= 0, ">= 0"),
-        ("actor.entropy_coeff", c.actor.entropy_coeff >= 0, ">= 0"),
-        ("actor.lr", c.actor.lr > 0, "> 0"),
-        ("critic.lr", c.critic.lr > 0, "> 0"),
-        ("trainer.test_freq", c.trainer.test_freq >= 0, ">= 0"),
-        ("model.warmup_steps", c.model.warmup_steps >= 0, ">= 0"),
-        ("trainer.save_freq", c.trainer.save_freq >= 0, ">= 0"),
-        ("trainer.max_ckpt_to_keep", c.trainer.max_ckpt_to_keep >= 0, ">= 0 (0 = keep all)"),
-        ("trainer.stop_at_step", c.trainer.stop_at_step >= 0, ">= 0"),
-        ("trainer.n_gpus_per_node", c.trainer.n_gpus_per_node >= 0, ">= 0 (0 = not checked)"),
-        ("trainer.nnodes", c.trainer.nnodes >= 0, ">= 0 (0 = not checked)"),
+        ("actor.clip_ratio_low", 0 < cfg.actor.clip_ratio_low < 1, "in (0, 1)"),
+        ("actor.clip_ratio_high", 0 < cfg.actor.clip_ratio_high < 1, "in (0, 1)"),
+        ("actor.clip_ratio_c", cfg.actor.clip_ratio_c > 1, "> 1"),
+        ("critic.cliprange_value", cfg.critic.cliprange_value > 0, "> 0"),
+        ("algorithm.gamma", 0 <= cfg.algorithm.gamma <= 1, "in [0, 1]"),
+        ("algorithm.lam", 0 <= cfg.algorithm.lam <= 1, "in [0, 1]"),
+        ("algorithm.kl_ctrl.kl_coef", cfg.algorithm.kl_ctrl.kl_coef >= 0, ">= 0"),
+        ("algorithm.kl_ctrl.target_kl", cfg.algorithm.kl_ctrl.target_kl > 0, "> 0"),
+        ("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon > 0, "> 0"),
+        ("actor.kl_loss_coef", cfg.actor.kl_loss_coef >= 0, ">= 0"),
+        ("actor.entropy_coeff", cfg.actor.entropy_coeff >= 0, ">= 0"),
+        ("actor.lr", cfg.actor.lr > 0, "> 0"),
+        ("critic.lr", cfg.critic.lr > 0, "> 0"),
+        ("trainer.test_freq", cfg.trainer.test_freq >= 0, ">= 0"),
+        ("model.warmup_steps", cfg.model.warmup_steps >= 0, ">= 0"),
+        ("trainer.save_freq", cfg.trainer.save_freq >= 0, ">= 0"),
+        ("trainer.max_ckpt_to_keep", cfg.trainer.max_ckpt_to_keep >= 0, ">= 0 (0 = keep all)"),
+        ("trainer.stop_at_step", cfg.trainer.stop_at_step >= 0, ">= 0"),
+        ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node >= 0, ">= 0 (0 = not checked)"),
+        ("trainer.nnodes", cfg.trainer.nnodes >= 0, ">= 0 (0 = not checked)"),
         (
             "model.warmup_target_accuracy",
-            0 <= c.model.warmup_target_accuracy <= 1,
+            0 <= cfg.model.warmup_target_accuracy <= 1,
             "in [0, 1]",
         ),
     ]
     for key, ok, rule in rules:
         if not ok:
-            raise ValueError(f"{key} must be {rule}, got {_get(c, key)!r}")
+            raise ValueError(f"{key} must be {rule}, got {_get(cfg, key)!r}")
     for key, allowed in CHOICES.items():
-        if _get(c, key) not in allowed:
-            raise ValueError(f"{key}={_get(c, key)!r}; valid: {', '.join(allowed)}")
+        if _get(cfg, key) not in allowed:
+            raise ValueError(f"{key}={_get(cfg, key)!r}; valid: {', '.join(allowed)}")
 
 
-def _check_batch_sizes(c: AppConfig, world_size: int) -> None:
-    n = c.rollout.n
-    roles = [("actor", c.actor)] + ([("critic", c.critic)] if c.critic.enable else [])
+def _check_batch_sizes(cfg: AppConfig, world_size: int) -> None:
+    n = cfg.rollout.n
+    roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.critic.enable else [])
     for role, cfg in roles:
-        if c.data.train_batch_size % cfg.ppo_mini_batch_size:
+        if cfg.data.train_batch_size % cfg.ppo_mini_batch_size:
             raise ValueError(
-                f"data.train_batch_size={c.data.train_batch_size} is not divisible "
+                f"data.train_batch_size={cfg.data.train_batch_size} is not divisible "
                 f"by {role}.ppo_mini_batch_size={cfg.ppo_mini_batch_size}"
             )
         samples = cfg.ppo_mini_batch_size * n
@@ -144,16 +148,16 @@ def _check_batch_sizes(c: AppConfig, world_size: int) -> None:
             )
 
 
-def _check_kl_control(c: AppConfig) -> None:
-    ctl = c.algorithm.kl_ctrl
-    if ctl.type != "adaptive" or not c.algorithm.use_kl_in_reward:
+def _check_kl_control(cfg: AppConfig) -> None:
+    ctl = cfg.algorithm.kl_ctrl
+    if ctl.type != "adaptive" or not cfg.algorithm.use_kl_in_reward:
         return
     if ctl.kl_coef <= 0:
         raise ValueError(
             "algorithm.kl_ctrl.kl_coef must be > 0 with kl_ctrl.type=adaptive (the controller "
             f"multiplies it: 0 stays 0), got {ctl.kl_coef}"
         )
-    samples = c.data.train_batch_size * c.rollout.n
+    samples = cfg.data.train_batch_size * cfg.rollout.n
     if samples >= 5 * ctl.horizon:
         raise ValueError(
             f"algorithm.kl_ctrl.horizon={ctl.horizon:g} is too small for {samples} samples per "
@@ -162,8 +166,8 @@ def _check_kl_control(c: AppConfig) -> None:
         )
 
 
-def _check_launch(c: AppConfig, world_size: int) -> None:
-    gpus, nodes = c.trainer.n_gpus_per_node, c.trainer.nnodes
+def _check_launch(cfg: AppConfig, world_size: int) -> None:
+    gpus, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes
     if (gpus or nodes) and gpus * max(nodes, 1) != world_size:
         raise ValueError(
             f"trainer.n_gpus_per_node={gpus} × trainer.nnodes={nodes} is not the launch's "
@@ -171,19 +175,19 @@ def _check_launch(c: AppConfig, world_size: int) -> None:
         )
 
 
-def _check_fsdp_sizes(c: AppConfig, world_size: int) -> None:
-    if c.ref.fsdp.optimizer_offload:
+def _check_fsdp_sizes(cfg: AppConfig, world_size: int) -> None:
+    if cfg.ref.fsdp.optimizer_offload:
         raise ValueError("ref.fsdp.optimizer_offload=true: the reference has no optimizer")
     offloads = ("param_offload", "offload_policy", "activation_offload", "optimizer_offload")
     for role in ("actor", "ref", "critic"):
         for key in offloads:
-            if getattr(getattr(c, role).fsdp, key) and default_device().type != "cuda":
+            if getattr(getattr(cfg, role).fsdp, key) and default_device().type != "cuda":
                 raise ValueError(
                     f"{role}.fsdp.{key}=true only takes effect on CUDA (it moves tensors to "
                     "host memory; here they are there already)"
                 )
     for role in ("actor", "ref", "critic"):
-        size = getattr(c, role).fsdp.fsdp_size
+        size = getattr(cfg, role).fsdp.fsdp_size
         if size != -1 and (size < 1 or world_size % size):
             raise ValueError(
                 f"{role}.fsdp.fsdp_size={size} must be -1 (all ranks) or divide the world "
@@ -191,27 +195,27 @@ def _check_fsdp_sizes(c: AppConfig, world_size: int) -> None:
             )
 
 
-def _check_algorithm(c: AppConfig) -> None:
-    _check_kl_control(c)
-    estimator = c.algorithm.adv_estimator
-    if estimator == "gae" and not c.critic.enable:
+def _check_algorithm(cfg: AppConfig) -> None:
+    _check_kl_control(cfg)
+    estimator = cfg.algorithm.adv_estimator
+    if estimator == "gae" and not cfg.critic.enable:
         raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
-    if estimator in ("grpo", "rloo") and c.rollout.n < 2:
+    if estimator in ("grpo", "rloo") and cfg.rollout.n < 2:
         raise ValueError(
             f"algorithm.adv_estimator={estimator} compares samples of one prompt: "
-            f"rollout.n must be >= 2, got {c.rollout.n}"
+            f"rollout.n must be >= 2, got {cfg.rollout.n}"
         )
 
 
-def _check_token_budgets(c: AppConfig) -> list[str]:
+def _check_token_budgets(cfg: AppConfig) -> list[str]:
     """The budgets' rules, for the passes that use one (``use_dynamic_bsz``)."""
     static = {
         key
         for key, dynamic in (
-            ("actor.ppo_max_token_len_per_gpu", c.actor.use_dynamic_bsz),
-            ("critic.ppo_max_token_len_per_gpu", c.critic.use_dynamic_bsz),
-            ("ref.log_prob_max_token_len_per_gpu", c.ref.log_prob_use_dynamic_bsz),
-            ("rollout.log_prob_max_token_len_per_gpu", c.rollout.log_prob_use_dynamic_bsz),
+            ("actor.ppo_max_token_len_per_gpu", cfg.actor.use_dynamic_bsz),
+            ("critic.ppo_max_token_len_per_gpu", cfg.critic.use_dynamic_bsz),
+            ("ref.log_prob_max_token_len_per_gpu", cfg.ref.log_prob_use_dynamic_bsz),
+            ("rollout.log_prob_max_token_len_per_gpu", cfg.rollout.log_prob_use_dynamic_bsz),
         )
         if dynamic is False
     }
@@ -223,11 +227,11 @@ def _check_token_budgets(c: AppConfig) -> list[str]:
             "critic": "critic.ppo_max_token_len_per_gpu",
         }
         found = check_token_budgets(
-            c.data.max_prompt_length,
-            c.rollout.response_length,
-            actor=c.actor.ppo_max_token_len_per_gpu,
-            log_prob=_get(c, log_prob_key),
-            critic=c.critic.ppo_max_token_len_per_gpu,
+            cfg.data.max_prompt_length,
+            cfg.rollout.response_length,
+            actor=cfg.actor.ppo_max_token_len_per_gpu,
+            log_prob=_get(cfg, log_prob_key),
+            critic=cfg.critic.ppo_max_token_len_per_gpu,
         )
         return [
             (f.level, f"{keys[f.key]}: {f.message}") for f in found if keys[f.key] not in static
@@ -271,23 +275,23 @@ def sharding_config(
     )
 
 
-def sampling_config(c: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
+def sampling_config(cfg: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
     """The rollout's sampling; the seed differs per step (one fixed seed would replay the same
     random draws every step) and is a function of (``trainer.seed``, step) so a resumed run
     samples exactly what an uninterrupted one would."""
-    r = c.rollout
+    r = cfg.rollout
     return SamplingConfig(
         n=1 if validation else r.n,
         temperature=r.val_temperature if validation else r.temperature,
         top_p=r.top_p,
         top_k=r.top_k,
         max_new_tokens=r.response_length,
-        seed=c.trainer.seed * 1_000_003 + step,
+        seed=cfg.trainer.seed * 1_000_003 + step,
     )
 
 
-def _check_resume(c: AppConfig) -> None:
-    mode = c.trainer.resume_mode
+def _check_resume(cfg: AppConfig) -> None:
+    mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not (Path(mode).expanduser() / "actor").is_dir():
         raise ValueError(
             f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or a checkpoint directory "
