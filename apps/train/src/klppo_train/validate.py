@@ -127,21 +127,22 @@ def _check_ranges(cfg: AppConfig) -> None:
 def _check_batch_sizes(cfg: AppConfig, world_size: int) -> None:
     n = cfg.rollout.n
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.critic.enable else [])
-    for role, cfg in roles:
-        if cfg.data.train_batch_size % cfg.ppo_mini_batch_size:
+    batch = cfg.data.train_batch_size
+    for role, section in roles:
+        if batch % section.ppo_mini_batch_size:
             raise ValueError(
-                f"data.train_batch_size={cfg.data.train_batch_size} is not divisible "
-                f"by {role}.ppo_mini_batch_size={cfg.ppo_mini_batch_size}"
+                f"data.train_batch_size={batch} is not divisible "
+                f"by {role}.ppo_mini_batch_size={section.ppo_mini_batch_size}"
             )
-        samples = cfg.ppo_mini_batch_size * n
+        samples = section.ppo_mini_batch_size * n
         if samples % world_size:
             raise ValueError(
                 f"{role}.ppo_mini_batch_size × rollout.n = {samples} samples do not "
                 f"split over {world_size} ranks"
             )
         per_gpu = samples // world_size
-        micro = cfg.ppo_micro_batch_size_per_gpu
-        if cfg.use_dynamic_bsz is False and per_gpu % micro:
+        micro = section.ppo_micro_batch_size_per_gpu
+        if section.use_dynamic_bsz is False and per_gpu % micro:
             raise ValueError(
                 f"{role}: {per_gpu} samples per rank per mini-batch are not "
                 f"divisible by {role}.ppo_micro_batch_size_per_gpu={micro}"
