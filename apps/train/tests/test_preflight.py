@@ -108,6 +108,7 @@ BAD_CONFIGS = [
     (["ref.fsdp.optimizer_offload=true"], "the reference has no optimizer"),
     (["rollout.max_num_batched_tokens=0"], "rollout.max_num_batched_tokens must be >= 1"),
     (["actor.fsdp.min_num_params=100", "actor.fsdp.wrap_policy=[Qwen2MLP]"], "actor.fsdp"),
+    (["trainer.allocator=jemalloc"], "trainer.allocator='jemalloc'; valid: auto, tcmalloc"),
     (["actor.foo=1"], "unknown config key 'actor.foo'"),
     (["actor.lr=abc"], "actor.lr"),
     (["actor.lr=0"], "actor.lr must be > 0"),

@@ -10,6 +10,7 @@ import sys
 # imports below do; ``--verbose`` cannot bring these back, ``TORCH_CPP_LOG_LEVEL=INFO`` can.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
+from klppo_train.allocator import log_allocator, reexec_with_tcmalloc
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config import load_config, to_yaml
 from klppo_train.console import configure_output
@@ -28,11 +29,14 @@ def main(argv: list[str] | None = None) -> int:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         with user_errors():
             config = load_config(args.recipe or default_recipe(), args.overrides)
-            if args.print_config:
-                validate_config(config, world_size)
-                print(versions())
-                print(to_yaml(config))
-                return 0
+            validate_config(config, world_size)
+        if args.print_config:
+            print(versions())
+            print(to_yaml(config))
+            return 0
+        if argv is None:  # the real command line (not a call from Python): may re-execute
+            reexec_with_tcmalloc(config.trainer.allocator)
+        log_allocator()
         checked = preflight(config, world_size)
     except UserError as err:
         if args.debug:

@@ -13,6 +13,7 @@ import torch
 from batching import check_token_budgets
 from fsdp_sharding import MixedPrecision, ShardingConfig, default_device
 from klppo_train.algorithm import ADV_ESTIMATORS
+from klppo_train.allocator import check_allocator
 from klppo_train.attention import IMPLEMENTATIONS
 from klppo_train.config import AppConfig, FsdpConfig
 from klppo_train.precision import DTYPES
@@ -308,6 +309,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_batch_sizes(config, world_size)
     _check_fsdp_sizes(config, world_size)
     _check_launch(config, world_size)
+    check_allocator(config.trainer.allocator)
     for role in ("actor", "ref", "critic"):
         try:
             sharding_config(getattr(config, role).fsdp)
