@@ -66,51 +66,55 @@ def _positive_counts(cfg: AppConfig) -> list[tuple[str, bool, str]]:
     return [(key, _get(cfg, key) >= 1, ">= 1") for key in keys]
 
 
+# Keys that must be >= 0 (counts where 0 means "off" / "all", coefficients, warm-ups).
+NON_NEGATIVE = {
+    "actor.weight_decay": ">= 0",
+    "critic.weight_decay": ">= 0",
+    "actor.lr_warmup_steps": ">= 0",
+    "critic.lr_warmup_steps": ">= 0",
+    "actor.kl_loss_coef": ">= 0",
+    "actor.entropy_coeff": ">= 0",
+    "algorithm.kl_ctrl.kl_coef": ">= 0",
+    "rollout.val_temperature": ">= 0",
+    "model.warmup_steps": ">= 0",
+    "trainer.total_training_steps": ">= 0 (0 = epochs)",
+    "trainer.test_freq": ">= 0",
+    "trainer.save_freq": ">= 0",
+    "trainer.max_ckpt_to_keep": ">= 0 (0 = keep all)",
+    "trainer.stop_at_step": ">= 0",
+    "trainer.n_gpus_per_node": ">= 0 (0 = not checked)",
+    "trainer.nnodes": ">= 0 (0 = not checked)",
+}
+# Keys that must be > 0.
+POSITIVE = (
+    "actor.lr",
+    "critic.lr",
+    "critic.cliprange_value",
+    "rollout.kv_cache_space_gib",
+    "algorithm.kl_ctrl.target_kl",
+    "algorithm.kl_ctrl.horizon",
+)
+FLIPS = "> 0 (a negative norm flips the gradient)"
+
+
 def _check_ranges(cfg: AppConfig) -> None:
+    batched = cfg.rollout.max_num_batched_tokens
     rules = _positive_counts(cfg) + [
-        ("actor.grad_clip", cfg.actor.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
-        ("critic.grad_clip", cfg.critic.grad_clip > 0, "> 0 (a negative norm flips the gradient)"),
-        ("actor.weight_decay", cfg.actor.weight_decay >= 0, ">= 0"),
-        ("critic.weight_decay", cfg.critic.weight_decay >= 0, ">= 0"),
-        ("actor.lr_warmup_steps", cfg.actor.lr_warmup_steps >= 0, ">= 0"),
-        ("critic.lr_warmup_steps", cfg.critic.lr_warmup_steps >= 0, ">= 0"),
-        (
-            "trainer.total_training_steps",
-            cfg.trainer.total_training_steps >= 0,
-            ">= 0 (0 = epochs)",
-        ),
-        ("rollout.kv_cache_space_gib", cfg.rollout.kv_cache_space_gib > 0, "> 0"),
+        *((key, _get(cfg, key) >= 0, rule) for key, rule in NON_NEGATIVE.items()),
+        *((key, _get(cfg, key) > 0, "> 0") for key in POSITIVE),
+        ("actor.grad_clip", cfg.actor.grad_clip > 0, FLIPS),
+        ("critic.grad_clip", cfg.critic.grad_clip > 0, FLIPS),
         (
             "rollout.gpu_memory_utilization",
             0 < cfg.rollout.gpu_memory_utilization <= 1,
             "in (0, 1]",
         ),
-        ("rollout.val_temperature", cfg.rollout.val_temperature >= 0, ">= 0"),
-        (
-            "rollout.max_num_batched_tokens",
-            cfg.rollout.max_num_batched_tokens is None or cfg.rollout.max_num_batched_tokens >= 1,
-            ">= 1 or null",
-        ),
+        ("rollout.max_num_batched_tokens", batched is None or batched >= 1, ">= 1 or null"),
         ("actor.clip_ratio_low", 0 < cfg.actor.clip_ratio_low < 1, "in (0, 1)"),
         ("actor.clip_ratio_high", 0 < cfg.actor.clip_ratio_high < 1, "in (0, 1)"),
         ("actor.clip_ratio_c", cfg.actor.clip_ratio_c > 1, "> 1"),
-        ("critic.cliprange_value", cfg.critic.cliprange_value > 0, "> 0"),
         ("algorithm.gamma", 0 <= cfg.algorithm.gamma <= 1, "in [0, 1]"),
         ("algorithm.lam", 0 <= cfg.algorithm.lam <= 1, "in [0, 1]"),
-        ("algorithm.kl_ctrl.kl_coef", cfg.algorithm.kl_ctrl.kl_coef >= 0, ">= 0"),
-        ("algorithm.kl_ctrl.target_kl", cfg.algorithm.kl_ctrl.target_kl > 0, "> 0"),
-        ("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon > 0, "> 0"),
-        ("actor.kl_loss_coef", cfg.actor.kl_loss_coef >= 0, ">= 0"),
-        ("actor.entropy_coeff", cfg.actor.entropy_coeff >= 0, ">= 0"),
-        ("actor.lr", cfg.actor.lr > 0, "> 0"),
-        ("critic.lr", cfg.critic.lr > 0, "> 0"),
-        ("trainer.test_freq", cfg.trainer.test_freq >= 0, ">= 0"),
-        ("model.warmup_steps", cfg.model.warmup_steps >= 0, ">= 0"),
-        ("trainer.save_freq", cfg.trainer.save_freq >= 0, ">= 0"),
-        ("trainer.max_ckpt_to_keep", cfg.trainer.max_ckpt_to_keep >= 0, ">= 0 (0 = keep all)"),
-        ("trainer.stop_at_step", cfg.trainer.stop_at_step >= 0, ">= 0"),
-        ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node >= 0, ">= 0 (0 = not checked)"),
-        ("trainer.nnodes", cfg.trainer.nnodes >= 0, ">= 0 (0 = not checked)"),
         (
             "model.warmup_target_accuracy",
             0 <= cfg.model.warmup_target_accuracy <= 1,
