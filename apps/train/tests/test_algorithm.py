@@ -3,11 +3,7 @@
 import pytest
 import torch
 
-from klppo_train.algorithm import (
-    advantages_and_returns,
-    kl_in_reward,
-    make_kl_controller,
-)
+from klppo_train.algorithm import kl_in_reward, make_advantage_fn, make_kl_controller
 from klppo_train.config import AlgorithmConfig, KLControlConfig
 from ppo_core import AdaptiveKLController, compute_gae, compute_grpo_advantages
 
@@ -35,22 +31,20 @@ def test_kl_in_reward_moves_the_adaptive_coefficient() -> None:
 
 def test_estimators_dispatch_to_ppo_core() -> None:
     values = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
-    gae = advantages_and_returns(
-        SCORES, MASK, AlgorithmConfig(adv_estimator="gae", lam=0.9), values=values
+    gae = make_advantage_fn(AlgorithmConfig(adv_estimator="gae", lam=0.9))(
+        SCORES, MASK, values=values
     )
     for got, want in zip(gae, compute_gae(SCORES, values, MASK, 1.0, 0.9), strict=True):
         torch.testing.assert_close(got, want)
     groups = torch.tensor([0, 0, 1, 1])
-    grpo = advantages_and_returns(
-        SCORES, MASK, AlgorithmConfig(adv_estimator="grpo"), group_ids=groups
-    )
+    grpo = make_advantage_fn(AlgorithmConfig(adv_estimator="grpo"))(SCORES, MASK, group_ids=groups)
     want = compute_grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 0.5]), groups, MASK)
     torch.testing.assert_close(grpo[0], want[0])
-    rloo, _ = advantages_and_returns(
-        SCORES, MASK, AlgorithmConfig(adv_estimator="rloo"), group_ids=groups
+    rloo, _ = make_advantage_fn(AlgorithmConfig(adv_estimator="rloo"))(
+        SCORES, MASK, group_ids=groups
     )
     assert rloo[:, 0].tolist() == pytest.approx([1.0, -1.0, 0.5, -0.5])  # s_i − other's score
     with pytest.raises(ValueError, match="needs critic values"):
-        advantages_and_returns(SCORES, MASK, AlgorithmConfig(adv_estimator="gae"))
+        make_advantage_fn(AlgorithmConfig(adv_estimator="gae"))(SCORES, MASK)
     with pytest.raises(ValueError, match="needs the prompt index"):
-        advantages_and_returns(SCORES, MASK, AlgorithmConfig(adv_estimator="grpo"))
+        make_advantage_fn(AlgorithmConfig(adv_estimator="grpo"))(SCORES, MASK)

@@ -66,19 +66,31 @@ def _sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -
     return (token_rewards * response_mask).sum(-1)
 
 
+def _needs(name: str, what: str, value: torch.Tensor | None) -> torch.Tensor:
+    if value is None:
+        raise ValueError(f"algorithm.adv_estimator={name} needs {what}")
+    return value
+
+
 def _estimators(cfg: AlgorithmConfig) -> dict[str, AdvantageFn]:
     """Each estimator as one signature; GRPO/RLOO score each sequence by its summed token
     rewards and group the samples of one prompt by ``group_ids``."""
+    prompts = "the prompt index of each sample"
     return {
-        "gae": lambda r, m, *, values, group_ids: compute_gae(r, values, m, cfg.gamma, cfg.lam),
-        "grpo": lambda r, m, *, values, group_ids: compute_grpo_advantages(
-            _sequence_scores(r, m), group_ids, m, norm_by_std=cfg.norm_adv_by_std_in_grpo
+        "gae": lambda r, m, *, values=None, group_ids=None: compute_gae(
+            r, _needs("gae", "critic values", values), m, cfg.gamma, cfg.lam
         ),
-        "rloo": lambda r, m, *, values, group_ids: compute_rloo_advantages(
-            _sequence_scores(r, m), group_ids, m
+        "grpo": lambda r, m, *, values=None, group_ids=None: compute_grpo_advantages(
+            _sequence_scores(r, m),
+            _needs("grpo", prompts, group_ids),
+            m,
+            norm_by_std=cfg.norm_adv_by_std_in_grpo,
         ),
-        "reinforce_plus_plus": lambda r, m, *, values, group_ids: compute_reinforce_pp_advantages(
-            r, m, cfg.gamma
+        "rloo": lambda r, m, *, values=None, group_ids=None: compute_rloo_advantages(
+            _sequence_scores(r, m), _needs("rloo", prompts, group_ids), m
+        ),
+        "reinforce_plus_plus": lambda r, m, *, values=None, group_ids=None: (
+            compute_reinforce_pp_advantages(r, m, cfg.gamma)
         ),
     }
 
@@ -87,33 +99,15 @@ ADV_ESTIMATORS = tuple(_estimators(AlgorithmConfig()))
 
 
 def make_advantage_fn(cfg: AlgorithmConfig) -> AdvantageFn:
-    """``cfg.adv_estimator`` resolved once (build time) to its function."""
+    """``cfg.adv_estimator`` resolved once (build time) to its function
+    ``fn(token_rewards, response_mask, *, values=None, group_ids=None) -> (advantages,
+    returns)``, ``[N, T]`` each."""
     estimators = _estimators(cfg)
     if cfg.adv_estimator not in estimators:
         raise ValueError(
             f"algorithm.adv_estimator={cfg.adv_estimator!r}; valid: {', '.join(estimators)}"
         )
     return estimators[cfg.adv_estimator]
-
-
-def advantages_and_returns(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: AlgorithmConfig,
-    *,
-    values: torch.Tensor | None = None,
-    group_ids: torch.Tensor | None = None,
-):
-    """``(advantages, returns)`` ``[N, T]`` by ``cfg.adv_estimator`` (resolved on each call:
-    the trainer holds :func:`make_advantage_fn`'s result instead)."""
-    if cfg.adv_estimator == "gae" and values is None:
-        raise ValueError("algorithm.adv_estimator=gae needs critic values")
-    if cfg.adv_estimator in ("grpo", "rloo") and group_ids is None:
-        raise ValueError(
-            f"algorithm.adv_estimator={cfg.adv_estimator} needs the prompt index of each sample"
-        )
-    fn = make_advantage_fn(cfg)
-    return fn(token_rewards, response_mask, values=values, group_ids=group_ids)
 
 
 def advantage_metrics(

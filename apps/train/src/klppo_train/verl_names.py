@@ -107,20 +107,19 @@ def _target(target: str, rest: str) -> str:
     return target[:-1] + rest if target.endswith(".*") else target
 
 
-def _refusal(key: str, value: Any) -> str | None:
-    for rule, reason in REFUSED.items():
-        if _match(rule, key) is not None:
-            accepted = ACCEPTED_VALUES.get(rule)
-            return None if accepted and accepted(value) else f"{key}={value!r}: {reason}"
-    return None
+def _refused_rule(key: str) -> str | None:
+    return next((rule for rule in REFUSED if _match(rule, key) is not None), None)
 
 
 def translate(key: str, value: Any) -> tuple[list[tuple[str, Any]], str | None]:
     """``(klppo (key, value) pairs, refusal or None)`` for one dotted key; klppo's own keys
-    (and unknown ones, left to the schema check) pass through unchanged."""
-    refusal = _refusal(key, value)
-    if refusal or any(_match(rule, key) is not None for rule in REFUSED):
-        return [], refusal
+    (and unknown ones, left to the schema check) pass through unchanged. A refused key with
+    its one accepted value (verl's default) is dropped without a refusal."""
+    refused = _refused_rule(key)
+    if refused is not None:
+        accepted = ACCEPTED_VALUES.get(refused)
+        ok = accepted is not None and accepted(value)
+        return [], None if ok else f"{key}={value!r}: {REFUSED[refused]}"
     for rule, targets in ALIASES.items():
         rest = _match(rule, key)
         if rest is not None:
