@@ -19,6 +19,7 @@ from klppo_train.distributed import init_distributed
 from klppo_train.forward import response_logprobs, response_values
 from klppo_train.hf_dirs import save_atomically
 from klppo_train.precision import choose_cpu_dtype, resolve_precision
+from klppo_train.rewards import RewardManager
 
 P, T = 24, 4
 
@@ -52,7 +53,7 @@ def build(root, *overrides):
             *overrides,
         ],
     )
-    return build_components(cfg, root / "model", build_tokenizer())
+    return build_components(cfg, root / "model", build_tokenizer(), RewardManager())
 
 
 def weight_dtypes_in_forward(model) -> set[torch.dtype]:

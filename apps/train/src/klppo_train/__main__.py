@@ -14,6 +14,7 @@ from klppo_train.allocator import log_allocator, reexec_with_tcmalloc
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config import load_config, to_yaml
 from klppo_train.console import configure_output
+from klppo_train.distributed import launch_world_size
 from klppo_train.preflight import UserError, preflight, user_errors
 from klppo_train.run import train
 from klppo_train.validate import validate_config
@@ -25,11 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_output(args.verbose)
     try:
-        # Under torchrun, before the process group exists: the launcher's WORLD_SIZE.
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        world_size = launch_world_size()
         with user_errors():
             config = load_config(args.recipe or default_recipe(), args.overrides)
-            validate_config(config, world_size)
+            advice = validate_config(config, world_size)
         if args.print_config:
             print(versions())
             print(to_yaml(config))
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:  # the real command line (not a call from Python): may re-execute
             reexec_with_tcmalloc(config.trainer.allocator)
         log_allocator()
-        checked = preflight(config, world_size)
+        checked = preflight(config, world_size, advice)
     except UserError as err:
         if args.debug:
             raise

@@ -196,8 +196,11 @@ def _reference(cfg: AppConfig, model_dir: Path, compute: Precision):
     return _sharded(ref, cfg.ref.fsdp, compute)
 
 
-def build_components(cfg: AppConfig, model_dir: Path, tokenizer) -> Components:
-    """Every component of the run; a collective (sharding, engine start)."""
+def build_components(
+    cfg: AppConfig, model_dir: Path, tokenizer, rewards: RewardManager
+) -> Components:
+    """Every component of the run around the checked tokenizer and reward manager; a
+    collective (sharding, engine start)."""
     compute = resolve_precision(cfg.model.dtype, default_device())
     if skips_old_log_prob_pass(cfg):
         log.info(
@@ -221,7 +224,7 @@ def build_components(cfg: AppConfig, model_dir: Path, tokenizer) -> Components:
         # Cast while streaming: the engine holds the compute dtype (half the bytes in bf16).
         weight_sync=WeightSync(lambda: iter_full_state_dict(actor), engine, dtype=compute.dtype),
         tokenizer=tokenizer,
-        rewards=RewardManager(cfg.reward.custom or None, cfg.reward.strict),
+        rewards=rewards,
         kl_controller=make_kl_controller(cfg.algorithm),
         advantage_fn=make_advantage_fn(cfg.algorithm),
         ref=ref,

@@ -25,7 +25,7 @@ from klppo_train.data import PromptDataset, read_rows, write_parquet
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
 from klppo_train.hf_dirs import load_tokenizer
-from klppo_train.rewards import BUILTIN_REWARDS, load_custom_reward
+from klppo_train.rewards import RewardManager
 from klppo_train.validate import validate_config
 
 log = logging.getLogger("klppo_train")
@@ -57,6 +57,7 @@ class Checked:
     tokenizer: Any
     train: PromptDataset
     val: PromptDataset
+    rewards: RewardManager
 
 
 def ensure_embedded_data(cfg: AppConfig) -> None:
@@ -114,25 +115,24 @@ def _dataset(cfg: AppConfig, key: str, tokenizer) -> PromptDataset:
     return dataset
 
 
-def _check_rewards(cfg: AppConfig, datasets: dict[str, PromptDataset]) -> None:
-    if cfg.reward.custom:
-        with user_errors("reward.custom: "):
-            load_custom_reward(cfg.reward.custom)
-        return
+def _rewards(cfg: AppConfig, datasets: dict[str, PromptDataset]) -> RewardManager:
+    """The run's reward manager (a custom reward is loaded here, once), checked to score
+    every ``data_source`` of the data."""
+    with user_errors("reward.custom: "):
+        rewards = RewardManager(cfg.reward.custom or None, cfg.reward.strict)
     for key, dataset in datasets.items():
         for item in dataset.items:
-            if item.data_source not in BUILTIN_REWARDS:
-                raise UserError(
-                    f"data.{key} row {item.index}: data_source {item.data_source!r} has no "
-                    f"built-in reward ({', '.join(sorted(BUILTIN_REWARDS))}); "
-                    "set reward.custom=path/to/file.py:function"
-                )
+            with user_errors(f"data.{key} row {item.index}: "):
+                rewards.reward_fn(item.data_source)
+    return rewards
 
 
-def preflight(cfg: AppConfig, world_size: int = 1) -> Checked:
-    """All checks, in order: config, model directory + tokenizer, data, rewards."""
-    with user_errors():
-        advice = validate_config(cfg, world_size)
+def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
+    """All checks, in order: config (unless the caller ran :func:`validate_config` and
+    passes its ``advice``), model directory + tokenizer, data, rewards."""
+    if advice is None:
+        with user_errors():
+            advice = validate_config(cfg, world_size)
     tokenizer = _tokenizer(cfg)
     if not cfg.model.path:
         with user_errors():
@@ -146,5 +146,5 @@ def preflight(cfg: AppConfig, world_size: int = 1) -> Checked:
             f"data.train_files: {len(train)} usable prompts, fewer than one batch of "
             f"data.train_batch_size={cfg.data.train_batch_size}"
         )
-    _check_rewards(cfg, {"train_files": train, "val_files": val})
-    return Checked(advice, tokenizer, train, val)
+    rewards = _rewards(cfg, {"train_files": train, "val_files": val})
+    return Checked(advice, tokenizer, train, val, rewards)

@@ -147,12 +147,14 @@ class RewardManager:
         self.strict = strict
         self.errors = 0
 
-    def _reward_fn(self, data_source: str) -> RewardFn:
+    def reward_fn(self, data_source: str) -> RewardFn:
+        """The function that scores ``data_source``; ValueError naming it if there is none."""
         fn = self.custom or BUILTIN_REWARDS.get(data_source)
         if fn is None:
             raise ValueError(
-                f"no reward function for data_source {data_source!r}; built-in ones are "
-                f"{sorted(BUILTIN_REWARDS)}, others need a custom reward ('file.py:function')"
+                f"data_source {data_source!r} has no built-in reward "
+                f"{sorted(BUILTIN_REWARDS)}; "
+                "set reward.custom=path/to/file.py:function"
             )
         return fn
 
@@ -160,7 +162,7 @@ class RewardManager:
         self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
     ) -> float:
         """The reward of one response. An unknown ``data_source`` always raises ValueError."""
-        fn = self._reward_fn(data_source)
+        fn = self.reward_fn(data_source)
         try:
             value = float(fn(data_source, solution_str, ground_truth, extra_info))
             if not math.isfinite(value):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from klppo_train.distributed import (
     concat_over_ranks,
     init_distributed,
     is_main,
+    launch_world_size,
     mean_over_ranks,
     rank_slice,
 )
@@ -95,14 +95,14 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
     """Run the configured PPO steps (resuming if asked); return the summary. ``checked``:
     what :func:`klppo_train.preflight.preflight` returned (run here when not given).
     Engine and process group are closed however the run ends."""
-    checked = checked or preflight(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    checked = checked or preflight(cfg, launch_world_size())
     init_distributed()
     c = None
     try:
         start = time.perf_counter()
         run_dir, model_dir = prepare_run_dir(cfg)
         torch.manual_seed(cfg.trainer.seed)
-        c = build_components(cfg, model_dir, checked.tokenizer)
+        c = build_components(cfg, model_dir, checked.tokenizer, checked.rewards)
         records = _steps(c, cfg, checked, run_dir)
         return finish(run_dir, records, start)
     finally:

@@ -16,11 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from batching import (
-    fixed_size_micro_batches,
-    sync_num_micro_batches,
-    token_budget_micro_batches,
-)
+from batching import micro_batch_plan, sync_num_micro_batches, token_budget_micro_batches
 from fsdp_sharding import clip_grad_norm, load_optimizer
 from fsdp_sharding import offload_optimizer as offload_optimizer_state
 from klppo_train.distributed import world_size
@@ -86,13 +82,12 @@ def micro_batch_step(
     mask = batch.response_mask
     counts = global_counts(mask)
     lengths = batch.attention_mask.sum(-1)
-    if micro_batch_size is not None:  # equal samples per rank: equal counts already
-        plan = fixed_size_micro_batches(lengths, micro_batch_size)
-    else:
-        planned = len(token_budget_micro_batches(lengths, max_tokens))
-        plan = token_budget_micro_batches(
-            lengths, max_tokens, num_micro_batches=sync_num_micro_batches(planned)
-        )
+    # Budget plans can differ in length per rank (FSDP needs equal counts); fixed-size ones
+    # cannot (equal samples per rank).
+    count = None
+    if micro_batch_size is None:
+        count = sync_num_micro_batches(len(token_budget_micro_batches(lengths, max_tokens)))
+    plan = micro_batch_plan(lengths, max_tokens, micro_batch_size, num_micro_batches=count)
     totals: dict[str, float] = {}
     for members in plan.micro_batches:
         mb = select_rows(batch, torch.tensor(members, device=mask.device))
