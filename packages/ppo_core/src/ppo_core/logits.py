@@ -8,7 +8,7 @@ float32, forward *and* backward: autograd keeps only the logits themselves (whic
 caller holds anyway) and three floats per row, and the backward recomputes each chunk's
 softmax. Besides memory this saves time: the elementwise passes over ``[N, V]`` dominate
 on CPU (SmolLM2, 2000 response tokens × 49k vocabulary, bf16, log-prob + entropy forward and
-backward: 2.0–2.9 s through autograd of ``logsumexp``/``softmax``, 0.62 s here).
+backward: 2.0–2.9 s through autograd of ``logsumexp``/``softmax``, 0.74 s here).
 
 Formulas, with z = logits / τ, p = softmax(z), lse = logsumexp(z):
 
