@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> dict:
 
     # HF first: the process's threads are untouched until vLLM starts.
     hf_threads = torch.get_num_threads()
-    hf = HFEngine(model, HFEngineConfig(PAD, (EOS,), max_tokens_per_batch=width))
+    hf = HFEngine(
+        model, HFEngineConfig(pad_token_id=PAD, eos_token_ids=(EOS,), max_tokens_per_batch=width)
+    )
     hf.generate(prompts[:2], warmup)
     result["hf"] = {**timed_generate(hf, prompts, sampling, args.new_tokens), "threads": hf_threads}
     print(f"hf done: {result['hf']['tokens_per_s']:.0f} tokens/s", flush=True)

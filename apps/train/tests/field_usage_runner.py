@@ -1,53 +1,61 @@
 """``python field_usage_runner.py OUT.json [klppo-train args]``: run the trainer and record
 which config fields its code reads (``Class.field``), for ``test_field_usage``.
 
-Counted: reads from the trainer's own modules, except the config module itself and the
-validation checks (a key that is only ever checked does nothing). Not counted: reads by
-dataclasses/OmegaConf machinery (copies, YAML dumps), which touch every field.
+Counted: reads from the trainer's own modules and, for the packages' configs the app's
+sections hold (``ShardingConfig``, ``SamplingConfig``, ...), from that package's modules --
+except the app's config module and every validation check (a key that is only ever checked
+does nothing). Not counted: reads by dataclasses/OmegaConf machinery (copies, ``replace``,
+YAML dumps), which touch every field.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields
 from pathlib import Path
 
 import klppo_train
-from klppo_train import validate
 from klppo_train.__main__ import main
-from klppo_train.config import AppConfig
+from klppo_train.config import AppConfig, section_type
 
-PACKAGE = Path(klppo_train.__file__).resolve().parent
-CHECKS = {name for name in vars(validate) if name.startswith("_check")} | {
-    "validate_config",
-    "_positive_counts",
-    "_get",
-    "__post_init__",
-    "_check_int",
-}
+APP = Path(klppo_train.__file__).resolve().parent
+APP_CONFIG = APP / "config.py"
+CHECKS = {"validate_config", "_positive_counts", "_get", "__post_init__"}
 
 
 def config_classes() -> list[type]:
+    """AppConfig and every dataclass its sections hold, however deep."""
     found, stack = [], [AppConfig]
     while stack:
         cls = stack.pop()
-        found.append(cls)
-        factories = (f.default_factory for f in fields(cls))
-        stack += [f for f in factories if f is not MISSING and is_dataclass(f)]
+        if cls not in found:
+            found.append(cls)
+            stack += [t for f in fields(cls) if (t := section_type(cls, f.name)) is not None]
     return found
+
+
+def _home(cls: type) -> Path:
+    """The directory whose code consumes ``cls``: the app's, or the package's that owns it."""
+    module = sys.modules[cls.__module__]
+    return Path(module.__file__).resolve().parent
+
+
+def _is_check(name: str) -> bool:
+    return name in CHECKS or name.startswith("_check")
 
 
 def track(reads: set[str]) -> None:
     for cls in config_classes():
         names = {f.name for f in fields(cls)}
+        homes = {APP, _home(cls)}
 
-        def getattribute(self, name, _names=names, _cls=cls):
+        def getattribute(self, name, _names=names, _cls=cls, _homes=homes):
             if name in _names:
                 code = sys._getframe(1).f_code
                 path = Path(code.co_filename).resolve()
-                ours = path.is_relative_to(PACKAGE) and path.name != "config.py"
-                if ours and code.co_name not in CHECKS:
+                consumer = any(path.is_relative_to(h) for h in _homes) and path != APP_CONFIG
+                if consumer and not _is_check(code.co_name):
                     reads.add(f"{_cls.__name__}.{name}")
             return object.__getattribute__(self, name)
 

@@ -4,10 +4,14 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
+from fsdp_sharding import MixedPrecision, ShardingConfig
 from klppo_train.__main__ import main
 from klppo_train.config import AppConfig, load_config, to_yaml
-from klppo_train.validate import sharding_config, validate_config
+from klppo_train.precision import role_sharding
+from klppo_train.validate import validate_config
+from rollout import SamplingConfig, VLLMConfig
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -22,9 +26,9 @@ def test_every_recipe_loads_and_validates(recipe: Path) -> None:
 def test_gsm8k_recipe_keeps_verl_quickstart_values() -> None:
     c = load_config(RECIPES / "qwen2.5-0.5b-gsm8k.yaml")
     assert (c.data.train_batch_size, c.actor.ppo_mini_batch_size) == (256, 64)
-    assert (c.data.max_prompt_length, c.rollout.response_length) == (512, 512)
+    assert (c.data.max_prompt_length, c.rollout.sampling.max_new_tokens) == (512, 512)
     assert (c.actor.lr, c.critic.lr, c.algorithm.kl_ctrl.kl_coef) == (1e-6, 1e-5, 0.001)
-    assert c.rollout.gpu_memory_utilization == 0.4
+    assert c.rollout.vllm.gpu_memory_utilization == 0.4
     validate_config(c, world_size=8)  # 64 prompts × 1 sample split over 8 GPUs
 
 
@@ -32,7 +36,7 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("actor:\n  lr: 0.5\nrollout:\n  n: 4\n")
     c = load_config(recipe, ["actor.ppo_max_token_len_per_gpu=16384", "rollout.n=2"])
-    assert (c.actor.lr, c.actor.ppo_max_token_len_per_gpu, c.rollout.n) == (0.5, 16384, 2)
+    assert (c.actor.lr, c.actor.ppo_max_token_len_per_gpu, c.rollout.sampling.n) == (0.5, 16384, 2)
     assert c.critic.lr == AppConfig().critic.lr  # untouched default
     assert "ppo_max_token_len_per_gpu: 16384" in to_yaml(c)
 
@@ -75,8 +79,11 @@ def test_unknown_keys_and_bad_types(override: str, match: str) -> None:
             ["actor.ppo_max_token_len_per_gpu=100"],
             "actor.ppo_max_token_len_per_gpu: actor=100 is below max_prompt_len",
         ),
-        (["rollout.temperature=-1"], "rollout: SamplingConfig.temperature"),
-        (["actor.fsdp.strategy=zero3"], "actor.fsdp: ShardingConfig.strategy"),
+        (["rollout.temperature=-1"], "rollout.sampling.temperature must be >= 0, got -1"),
+        (["actor.fsdp.strategy=zero3"], "actor.fsdp.strategy='zero3'; valid: fsdp2, fsdp1"),
+        (["critic.fsdp.mixed_precision.buffer_dtype=int8"], "critic.fsdp.mixed_precision.buffer"),
+        (["rollout.vllm.sleep_level=3"], "rollout.vllm.sleep_level must be 1 or 2, got 3"),
+        (["rollout.hf.max_tokens_per_batch=0"], "rollout.hf.max_tokens_per_batch must be >= 1"),
         (["actor.loss_agg_mode=sum"], "actor.loss_agg_mode='sum'"),
     ],
 )
@@ -91,13 +98,81 @@ def test_world_size_divisibility() -> None:
         validate_config(config, world_size=3)
 
 
-def test_sharding_config_mirror() -> None:
-    config = load_config(None, ["actor.fsdp.param_dtype=bfloat16", "actor.fsdp.strategy=fsdp1"])
-    sharding = sharding_config(config.actor.fsdp)
-    assert (
-        sharding.strategy == "fsdp1"
-        and str(sharding.mixed_precision.param_dtype) == "torch.bfloat16"
+def test_sections_hold_the_packages_configs() -> None:
+    """Compose, don't mirror: every field of the package configs is a key."""
+    c = load_config(
+        None,
+        [
+            "actor.fsdp.strategy=fsdp1",
+            "actor.fsdp.reshard_after_forward=false",
+            "critic.fsdp.reshard_after_forward=2",  # FSDP2's smaller reshard group
+            "critic.fsdp.mixed_precision.reduce_dtype=bf16",
+            "rollout.sampling.stop_token_ids=[7,9]",
+            "rollout.vllm.distributed_executor_backend=uni",
+            "rollout.hf.max_tokens_per_batch=2048",
+        ],
     )
+    assert type(c.actor.fsdp) is ShardingConfig and type(c.rollout.sampling) is SamplingConfig
+    assert type(c.rollout.vllm) is VLLMConfig
+    assert (c.actor.fsdp.strategy, c.actor.fsdp.reshard_after_forward) == ("fsdp1", False)
+    assert c.critic.fsdp.reshard_after_forward == 2
+    assert c.critic.fsdp.mixed_precision == MixedPrecision(reduce_dtype="bfloat16")
+    assert c.rollout.sampling.stop_token_ids == (7, 9)
+    assert c.rollout.vllm.distributed_executor_backend == "uni"
+    assert c.rollout.hf.max_tokens_per_batch == 2048
+
+
+def test_short_names_stand_for_the_package_fields() -> None:
+    c = load_config(
+        None,
+        [
+            "rollout.n=3",
+            "rollout.response_length=77",
+            "rollout.gpu_memory_utilization=0.3",
+            "ref.fsdp.param_dtype=bfloat16",
+            "model.gradient_checkpointing=true",
+        ],
+    )
+    assert (c.rollout.sampling.n, c.rollout.sampling.max_new_tokens) == (3, 77)
+    assert c.rollout.vllm.gpu_memory_utilization == 0.3
+    assert c.ref.fsdp.mixed_precision.param == torch.bfloat16
+    assert c.actor.fsdp.gradient_checkpointing and c.critic.fsdp.gradient_checkpointing
+    assert not c.ref.fsdp.gradient_checkpointing
+
+
+def test_role_sharding_fills_unset_dtypes_from_model_dtype() -> None:
+    c = load_config(None, ["critic.fsdp.mixed_precision.param_dtype=float32"])
+    actor = role_sharding(c.actor.fsdp, torch.bfloat16).mixed_precision
+    assert (actor.param, actor.reduce, actor.buffer) == (
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+    )
+    assert role_sharding(c.critic.fsdp, torch.bfloat16).mixed_precision.param == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("rollout.vllm.seed=3", "rollout.vllm.seed=3: set by klppo \\(from trainer.seed\\)"),
+        ("rollout.sampling.seed=5", "rollout.sampling.seed=5: set by klppo"),
+        ("rollout.vllm.max_model_len=64", "data.max_prompt_length \\+ rollout.response_length"),
+        ("rollout.vllm.dtype=float16", "from model.dtype"),
+        ("rollout.hf.pad_token_id=0", "the tokenizer's"),
+        ("model.gradient_checkpointing=yes_please", "bad value for config key"),
+        ("ref.fsdp.gradient_checkpointing=true", "the reference runs no backward"),
+    ],
+)
+def test_keys_klppo_sets_itself_are_refused(override: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_config(None, [override])
+
+
+def test_a_printed_config_loads_back_as_a_recipe(tmp_path: Path) -> None:
+    c = load_config(None, ["rollout.n=4", "actor.fsdp.param_dtype=bf16", "critic.enable=false"])
+    recipe = tmp_path / "printed.yaml"
+    recipe.write_text(to_yaml(c))
+    assert load_config(recipe) == c
 
 
 def test_cli_prints_config_and_reports_errors(capsys) -> None:
@@ -139,14 +214,14 @@ def test_verl_quickstart_command_resolves_to_klppo_keys() -> None:
     c = load_config(None, VERL_QUICKSTART)
     assert (c.data.train_files, c.data.val_files) == (("train.parquet",), ("test.parquet",))
     assert (c.data.train_batch_size, c.data.max_prompt_length) == (256, 512)
-    assert c.rollout.response_length == 512 and c.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert c.rollout.sampling.max_new_tokens == 512 and c.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (c.actor.lr, c.actor.ppo_mini_batch_size, c.actor.ppo_micro_batch_size_per_gpu) == (
         1e-6,
         64,
         4,
     )
     assert c.rollout.log_prob_micro_batch_size_per_gpu == 8
-    assert c.rollout.gpu_memory_utilization == 0.4
+    assert c.rollout.vllm.gpu_memory_utilization == 0.4
     assert c.ref.log_prob_micro_batch_size_per_gpu == 4
     assert (c.critic.lr, c.critic.ppo_micro_batch_size_per_gpu) == (1e-5, 4)
     assert c.algorithm.kl_ctrl.kl_coef == 0.001
@@ -180,10 +255,11 @@ def test_verl_names_in_a_recipe_and_their_values(tmp_path: Path) -> None:
     c = load_config(recipe, ["actor_rollout_ref.ref.fsdp_config.reshard_after_forward=false"])
     assert c.actor.fsdp.strategy == "fsdp1" and c.critic.fsdp.strategy == "fsdp2"
     assert (c.actor.clip_ratio_low, c.actor.clip_ratio_high) == (0.28, 0.28)
-    assert c.actor.ppo_max_token_len_per_gpu == 16384 and c.model.gradient_checkpointing
+    assert c.actor.ppo_max_token_len_per_gpu == 16384 and c.actor.fsdp.gradient_checkpointing
+    assert not c.critic.fsdp.gradient_checkpointing  # verl's actor model flag: the actor's
     assert c.critic.fsdp.param_offload and c.ref.fsdp.reshard_after_forward is False
     # forward_prefetch keeps its depth (it used to become `true`)
-    assert sharding_config(c.actor.fsdp).forward_prefetch_depth == 2
+    assert c.actor.fsdp.forward_prefetch_depth == 2
 
 
 def test_every_bad_key_of_a_command_is_reported_at_once() -> None:

@@ -7,7 +7,8 @@ import torch
 from train_testing import prompt_response_batch
 from transformers import Qwen2ForTokenClassification
 
-from klppo_train.config import CriticConfig, FsdpConfig
+from fsdp_sharding import ShardingConfig
+from klppo_train.config import CriticConfig
 from klppo_train.critic import ValueBatch, critic_update_step
 from klppo_train.demo.embedded import build_model
 from klppo_train.forward import response_values
@@ -66,7 +67,7 @@ def test_micro_batches_reproduce_the_full_batch_step(budget: int) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_check.sh)")
 def test_optimizer_offload_keeps_the_state_in_host_memory_between_steps() -> None:
-    cfg = CriticConfig(ppo_max_token_len_per_gpu=1000, fsdp=FsdpConfig(optimizer_offload=True))
+    cfg = CriticConfig(ppo_max_token_len_per_gpu=1000, fsdp=ShardingConfig(optimizer_offload=True))
     batch = make_batch()
     batch = ValueBatch(*(t.cuda() for t in vars(batch).values()))
     model = critic().cuda()

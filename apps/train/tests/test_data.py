@@ -90,7 +90,9 @@ def test_config_accepts_a_single_path_and_omegaconf() -> None:
         omegaconf.OmegaConf.structured(DataConfig),
         {"train_files": ["x.parquet"], "val_files": [], "val_batch_size": 4},
     )
-    assert omegaconf.OmegaConf.to_object(merged) == DataConfig(("x.parquet",), (), val_batch_size=4)
+    assert omegaconf.OmegaConf.to_object(merged) == DataConfig(
+        train_files=("x.parquet",), val_batch_size=4
+    )
 
 
 # ---------------------------------------------------------------- parquet rows

@@ -36,8 +36,17 @@ def test_precision_defaults_per_device() -> None:
     config = ShardingConfig()
     assert config.precision_for(torch.device("cpu")) == CPU_DEFAULT_PRECISION
     assert config.precision_for(torch.device("cuda")) == GPU_DEFAULT_PRECISION
-    custom = MixedPrecision(torch.float16, torch.float32, None)
+    custom = MixedPrecision(param_dtype=torch.float16, reduce_dtype="fp32")
     assert ShardingConfig(mixed_precision=custom).precision_for(torch.device("cuda")) == custom
+
+
+def test_mixed_precision_takes_names_short_names_and_dtypes() -> None:
+    by_name = MixedPrecision(param_dtype="bf16", reduce_dtype="float32")
+    assert by_name == MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert by_name.param_dtype == "bfloat16"  # stored by canonical name (plain YAML)
+    assert (by_name.param, by_name.reduce, by_name.buffer) == (torch.bfloat16, torch.float32, None)
+    with pytest.raises(ValueError, match="MixedPrecision.buffer_dtype='int8'"):
+        MixedPrecision(buffer_dtype="int8")
 
 
 def test_units_default_to_no_split_modules_with_untied_embeddings() -> None:

@@ -19,19 +19,19 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from fsdp_sharding import default_device, iter_full_state_dict, shard_model
+from fsdp_sharding import ShardingConfig, default_device, iter_full_state_dict, shard_model
 from klppo_train.algorithm import make_advantage_fn, make_kl_controller
 from klppo_train.attention import packed_attention_implementation
 from klppo_train.components import Components
-from klppo_train.config import AppConfig, FsdpConfig
+from klppo_train.config import AppConfig
 from klppo_train.data import read_rows
 from klppo_train.demo.embedded import build_model, build_tokenizer, warm_up
+from klppo_train.engine import build_engine
 from klppo_train.hf_dirs import save_atomically
-from klppo_train.precision import Precision, resolve_precision
+from klppo_train.precision import Precision, resolve_precision, role_sharding
 from klppo_train.rewards import RewardManager
 from klppo_train.schedule import make_scheduler
 from klppo_train.step import skips_old_log_prob_pass
-from klppo_train.validate import sharding_config
 from rollout import WeightSync
 
 log = logging.getLogger("klppo_train")
@@ -68,36 +68,6 @@ def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
     return save_atomically(model, tokenizer, path)
 
 
-def _engine(cfg: AppConfig, model_dir: Path, tokenizer, precision: Precision):
-    if cfg.rollout.engine == "hf":
-        from rollout import HFEngine, HFEngineConfig
-
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.dtype)
-        return HFEngine(
-            model,
-            HFEngineConfig(
-                pad_token_id=tokenizer.pad_token_id, eos_token_ids=(tokenizer.eos_token_id,)
-            ),
-        )
-    from rollout import VLLMConfig, VLLMEngine
-
-    return VLLMEngine(
-        model_dir,
-        VLLMConfig(
-            max_model_len=cfg.data.max_prompt_length + cfg.rollout.response_length,
-            kv_cache_space_gib=cfg.rollout.kv_cache_space_gib,
-            max_num_seqs=cfg.rollout.max_num_seqs,
-            max_num_batched_tokens=cfg.rollout.max_num_batched_tokens,
-            enable_prefix_caching=cfg.rollout.enable_prefix_caching,
-            disable_log_stats=cfg.rollout.disable_log_stats,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            enforce_eager=cfg.rollout.enforce_eager,
-            seed=cfg.trainer.seed,
-            dtype=precision.name,
-        ),
-    )
-
-
 def make_schedulers(c: Components, cfg: AppConfig, total_steps: int) -> list:
     """Actor: warm-up then constant/cosine; critic: warm-up then constant."""
     schedulers = [
@@ -120,10 +90,10 @@ def make_schedulers(c: Components, cfg: AppConfig, total_steps: int) -> list:
     return schedulers
 
 
-def _sharded(model, fsdp_cfg: FsdpConfig, compute: Precision, checkpointing: bool = False):
+def _sharded(model, fsdp: ShardingConfig, compute: Precision):
     """FSDP with ``compute`` as the forward/backward dtype unless the role's
-    ``fsdp.param_dtype`` overrides it."""
-    return shard_model(model, sharding_config(fsdp_cfg, compute.dtype, checkpointing))
+    ``fsdp.mixed_precision`` says otherwise."""
+    return shard_model(model, role_sharding(fsdp, compute.dtype))
 
 
 COMPILED_BLOCKS = ("MLP", "RMSNorm")
@@ -179,7 +149,7 @@ def _critic(cfg: AppConfig, model_dir: Path, compute: Precision):
         cfg, AutoModelForTokenClassification, model_dir, torch.float32, config=critic_config
     )
     critic.register_forward_hook(_values_not_a_view)
-    critic = _sharded(critic, cfg.critic.fsdp, compute, cfg.model.gradient_checkpointing)
+    critic = _sharded(critic, cfg.critic.fsdp, compute)
     return critic, adamw(critic, cfg.critic.lr, cfg.critic.weight_decay)
 
 
@@ -189,11 +159,10 @@ def _reference(cfg: AppConfig, model_dir: Path, compute: Precision):
     if not (cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss):
         log.info("no reference model: algorithm.use_kl_in_reward and actor.use_kl_loss are off")
         return None
-    fsdp = cfg.ref.fsdp
-    dtype = getattr(torch, fsdp.param_dtype) if fsdp.param_dtype else compute.dtype
-    ref = _load(cfg, AutoModelForCausalLM, model_dir, dtype).eval()
+    sharding = role_sharding(cfg.ref.fsdp, compute.dtype)
+    ref = _load(cfg, AutoModelForCausalLM, model_dir, sharding.mixed_precision.param).eval()
     ref.requires_grad_(False)
-    return _sharded(ref, cfg.ref.fsdp, compute)
+    return shard_model(ref, sharding)
 
 
 def build_components(
@@ -211,12 +180,11 @@ def build_components(
         _load(cfg, AutoModelForCausalLM, model_dir, torch.float32),  # fp32 master weights
         cfg.actor.fsdp,
         compute,
-        cfg.model.gradient_checkpointing,
     )
     ref = _reference(cfg, model_dir, compute)
     critic, critic_opt = _critic(cfg, model_dir, compute) if cfg.critic.enable else (None, None)
     actor_opt = adamw(actor, cfg.actor.lr, cfg.actor.weight_decay)
-    engine = _engine(cfg, model_dir, tokenizer, compute)
+    engine = build_engine(cfg, model_dir, tokenizer, compute)
     return Components(
         actor=actor,
         actor_optimizer=actor_opt,

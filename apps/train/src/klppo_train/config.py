@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, get_args, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
+from fsdp_sharding import ShardingConfig
 from klppo_train.data import DataConfig
-from klppo_train.verl_names import translate
+from klppo_train.verl_names import DERIVED, translate
+from rollout import HFEngineConfig, SamplingConfig, VLLMConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """``path``: a local HF directory; empty = the embedded tiny model of the default recipe."""
 
@@ -40,37 +43,18 @@ class ModelConfig:
     # stopping once greedy accuracy on training rows reaches ``warmup_target_accuracy``.
     warmup_steps: int = 400
     warmup_target_accuracy: float = 0.25
-    gradient_checkpointing: bool = False
     # torch.compile the elementwise-heavy blocks (every *MLP and *RMSNorm module) of actor,
     # critic and reference: one compile of a few seconds per role (identical layers share it).
     compile: bool = False
 
 
-@dataclass(frozen=True)
-class FsdpConfig:
-    """Primitive mirror of ``fsdp_sharding.ShardingConfig`` (YAML has no torch dtypes)."""
-
-    strategy: str = "fsdp2"
-    # Shard units: these module class names (None = the model's decoder layer), or every
-    # module with at least min_num_params parameters not yet in a unit.
-    wrap_policy: list[str] | None = None
-    min_num_params: int | None = None
-    # false | true (1 unit ahead) | a depth >= 1 (FSDP2 prefetches that many units ahead)
-    forward_prefetch: Any = False
-    backward_prefetch: bool = True
-    reshard_after_forward: bool = True
-    # Host-memory levers (CUDA only): parameters between uses; FSDP2's CPUOffloadPolicy
-    # (parameters, gradients and the optimizer step on CPU); saved activations in forward;
-    # the optimizer state between steps.
-    param_offload: bool = False
-    offload_policy: bool = False
-    activation_offload: bool = False
-    optimizer_offload: bool = False
-    param_dtype: str = ""  # "" = per-device default (bf16 on GPU, fp32 on CPU)
-    fsdp_size: int = -1
+# Each role's ``fsdp`` section is the package's own ``ShardingConfig`` (every field a key:
+# ``actor.fsdp.forward_prefetch=2``). The app's part: ``mixed_precision`` fields left unset
+# follow ``model.dtype`` (params) and float32 (gradient reduce, buffers) -- see
+# klppo_train.precision.role_sharding.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActorConfig:
     ppo_mini_batch_size: int = 8
     ppo_micro_batch_size_per_gpu: int = 8
@@ -90,20 +74,20 @@ class ActorConfig:
     lr_warmup_steps: int = 0
     lr_scheduler: str = "constant"
     weight_decay: float = 0.01
-    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+    fsdp: ShardingConfig = field(default_factory=ShardingConfig)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RefConfig:
-    # None = as actor.use_dynamic_bsz (verl's default); False = fixed micro-batches of
-    # log_prob_micro_batch_size_per_gpu sequences, True = the token budget below.
+    # None = as actor.use_dynamic_bsz (verl's default); false = fixed micro-batches of
+    # log_prob_micro_batch_size_per_gpu sequences
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_max_token_len_per_gpu: int = 8192
-    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+    fsdp: ShardingConfig = field(default_factory=ShardingConfig)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CriticConfig:
     enable: bool = True
     ppo_mini_batch_size: int = 8
@@ -117,32 +101,31 @@ class CriticConfig:
     lr: float = 1e-5
     lr_warmup_steps: int = 0
     weight_decay: float = 0.01
-    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+    fsdp: ShardingConfig = field(default_factory=ShardingConfig)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
+    """The rollout: the package's ``SamplingConfig`` and engine configs, plus the app's passes.
+
+    ``sampling.seed``, ``vllm.seed``/``max_model_len``/``dtype`` and the ``hf`` engine's
+    tokenizer ids and ``max_model_len`` are derived (from ``trainer.seed`` and the step,
+    ``data.max_prompt_length`` + response length, ``model.dtype``, the tokenizer) and
+    refused as keys.
+    """
+
     engine: str = "vllm"  # "vllm" | "hf"
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    response_length: int = 512
-    # The old-log-prob pass: None = as actor.use_dynamic_bsz; budget or fixed micro-batches.
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=512))
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    # The old-log-prob pass; None = as actor.use_dynamic_bsz
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_max_token_len_per_gpu: int = 8192
-    gpu_memory_utilization: float = 0.5
-    kv_cache_space_gib: float = 1.0
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # vLLM's per-step token budget (None: its own)
-    enable_prefix_caching: bool = True
-    disable_log_stats: bool = True
-    enforce_eager: bool = True
     val_temperature: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KLControlConfig:
     type: str = "fixed"  # "fixed" | "adaptive"
     kl_coef: float = 0.001
@@ -150,7 +133,7 @@ class KLControlConfig:
     horizon: float = 10000.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -161,13 +144,13 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RewardConfig:
     custom: str = ""  # "path/to/file.py:function"
     strict: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
     total_training_steps: int = 0  # 0 = derive from total_epochs
     total_epochs: int = 1
@@ -189,7 +172,7 @@ class TrainerConfig:
     nnodes: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AppConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -203,6 +186,14 @@ class AppConfig:
 
 
 PATH_LISTS = ("data.train_files", "data.val_files")
+
+
+def section_type(cls: type, name: str) -> type | None:
+    """The dataclass that field ``name`` of ``cls`` holds (``X`` of ``X | None`` too), or
+    None for a plain value."""
+    hint = get_type_hints(cls)[name]
+    candidates = get_args(hint) if isinstance(hint, UnionType) else (hint,)
+    return next((t for t in candidates if is_dataclass(t)), None)
 
 
 def _unknown_key(key: str) -> str | None:
@@ -220,10 +211,21 @@ def _unknown_key(key: str) -> str | None:
                 f"unknown config key '{key}'{hint} (valid under '{parent or '<top>'}': "
                 f"{', '.join(valid)})"
             )
-        factory = valid[part].default_factory
-        node = factory if factory is not MISSING else None
+        node = section_type(node, part)
         parent = f"{parent}.{part}" if parent else part
     return None
+
+
+def _derived_key(key: str, value: Any) -> str | None:
+    """The refusal of a key the app sets itself (``DERIVED``), unless it has the default."""
+    if key not in DERIVED:
+        return None
+    default: Any = AppConfig()
+    for part in key.split("."):
+        default = getattr(default, part)
+    if (tuple(value) if isinstance(value, list) else value) == default:
+        return None
+    return f"{key}={value!r}: set by klppo ({DERIVED[key]}), not a key of its own"
 
 
 def _flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -245,7 +247,7 @@ def _translated_layer(container: dict, errors: list[str]) -> DictConfig:
         for name, item in pairs:
             if name in PATH_LISTS and isinstance(item, str):
                 item = [item]  # verl's `data.train_files=/path/train.parquet`
-            problem = _unknown_key(name)
+            problem = _unknown_key(name) or _derived_key(name, item)
             if problem:
                 errors.append(problem)
             else:
@@ -282,7 +284,28 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         merged = OmegaConf.merge(OmegaConf.structured(AppConfig), *layers)
     except ValidationError as err:
         raise ValueError(f"bad value for config key '{err.full_key}': {err.msg}") from None
-    return _follow_actor_dynamic_bsz(OmegaConf.to_object(merged))
+    try:
+        built = OmegaConf.to_object(merged)
+    except ValueError:
+        raise ValueError(_failing_section(merged, "")) from None
+    return _follow_actor_dynamic_bsz(built)
+
+
+def _failing_section(node: DictConfig, path: str) -> str | None:
+    """The error of the innermost section whose own check (a package config's
+    ``__post_init__``) fails, its class name replaced by the section's key:
+    ``actor.fsdp.strategy='zero3'; valid: fsdp2, fsdp1``."""
+    for key in node:
+        child = node[key]
+        if isinstance(child, DictConfig):
+            found = _failing_section(child, f"{path}{key}.")
+            if found:
+                return found
+    try:
+        OmegaConf.to_object(node)
+    except ValueError as err:
+        return str(err).replace(f"{OmegaConf.get_type(node).__name__}.", path)
+    return None
 
 
 def _follow_actor_dynamic_bsz(cfg: AppConfig) -> AppConfig:

@@ -28,7 +28,7 @@ import torch
 TRUNCATION_MODES = ("error", "left", "right")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Where the prompts come from and how they are tokenized and batched.
 

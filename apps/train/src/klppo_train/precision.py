@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
+
+from fsdp_sharding import MixedPrecision, ShardingConfig
 
 DTYPES = ("float32", "bfloat16", "auto")
 # bf16 must beat fp32 by this much on the probe: casts, norms and softmax in fp32 eat part
@@ -85,3 +87,18 @@ def resolve_precision(setting: str, device: torch.device) -> Precision:
         choice = _decide(setting, device)
     log.info("compute dtype %s (%s)", choice.name, choice.reason)
     return choice
+
+
+def role_sharding(fsdp: ShardingConfig, compute: torch.dtype) -> ShardingConfig:
+    """A role's ``fsdp`` section with its dtypes completed: unset ``mixed_precision`` fields
+    are ``compute`` (``model.dtype``) for the parameters in forward/backward and float32 for
+    the gradient reduce and the buffers (rotary frequencies)."""
+    mixed = fsdp.mixed_precision or MixedPrecision()
+    return replace(
+        fsdp,
+        mixed_precision=MixedPrecision(
+            param_dtype=mixed.param_dtype or compute,
+            reduce_dtype=mixed.reduce_dtype or "float32",
+            buffer_dtype=mixed.buffer_dtype or "float32",
+        ),
+    )

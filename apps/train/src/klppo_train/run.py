@@ -37,10 +37,10 @@ from klppo_train.distributed import (
     mean_over_ranks,
     rank_slice,
 )
+from klppo_train.engine import sampling_config
 from klppo_train.preflight import Checked, preflight
 from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
 from klppo_train.step import ppo_step
-from klppo_train.validate import sampling_config
 
 log = logging.getLogger("klppo_train")
 

@@ -24,10 +24,10 @@ from klppo_train.config import AppConfig
 from klppo_train.critic import ValueBatch, critic_update_step
 from klppo_train.data import PromptItem
 from klppo_train.distributed import rank_slice, world_size
+from klppo_train.engine import sampling_config
 from klppo_train.forward import response_logprobs, response_values
 from klppo_train.rewards import RewardManager
 from klppo_train.update import select_rows, static_micro_batch_size
-from klppo_train.validate import sampling_config
 from ppo_core import masked_mean
 from rollout import logprob_mismatch
 
@@ -78,8 +78,8 @@ def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, **kwargs):
         model,
         t.input_ids,
         t.attention_mask,
-        cfg.rollout.response_length,
-        temperature=cfg.rollout.temperature,
+        cfg.rollout.sampling.max_new_tokens,
+        temperature=cfg.rollout.sampling.temperature,
         max_tokens=role.log_prob_max_token_len_per_gpu,
         micro_batch_size=static_micro_batch_size(
             role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu
@@ -104,7 +104,7 @@ def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: 
         [i.prompt_ids for i in items],
         batch,
         pad_token_id=c.tokenizer.pad_token_id,
-        response_length=cfg.rollout.response_length,
+        response_length=cfg.rollout.sampling.max_new_tokens,
     )
 
 
@@ -122,7 +122,7 @@ def _forward_passes(c: Components, t: RolloutTensors, cfg: AppConfig) -> Forward
                 c.critic,
                 t.input_ids,
                 t.attention_mask,
-                cfg.rollout.response_length,
+                cfg.rollout.sampling.max_new_tokens,
                 max_tokens=cfg.critic.ppo_max_token_len_per_gpu,
                 micro_batch_size=static_micro_batch_size(
                     cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
@@ -152,7 +152,7 @@ def _update_critic(c: Components, t: RolloutTensors, p, returns, cfg: AppConfig,
         lambda mb: critic_update_step(c.critic, c.critic_optimizer, mb, cfg.critic),
         batch,
         cfg.critic.ppo_epochs,
-        cfg.critic.ppo_mini_batch_size * cfg.rollout.n // world_size(),
+        cfg.critic.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
         step,
     )
 
@@ -169,11 +169,11 @@ def _update_actor(c: Components, t: RolloutTensors, p, advantages, cfg: AppConfi
     )
     return _epochs(
         lambda mb: actor_update_step(
-            c.actor, c.actor_optimizer, mb, cfg.actor, temperature=cfg.rollout.temperature
+            c.actor, c.actor_optimizer, mb, cfg.actor, temperature=cfg.rollout.sampling.temperature
         ),
         batch,
         cfg.actor.ppo_epochs,
-        cfg.actor.ppo_mini_batch_size * cfg.rollout.n // world_size(),
+        cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
         step,
     )
 

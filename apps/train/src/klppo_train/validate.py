@@ -8,18 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from batching import check_token_budgets
-from fsdp_sharding import MixedPrecision, ShardingConfig, default_device
+from fsdp_sharding import default_device
 from klppo_train.algorithm import ADV_ESTIMATORS
 from klppo_train.allocator import check_allocator
 from klppo_train.attention import IMPLEMENTATIONS
-from klppo_train.config import AppConfig, FsdpConfig
+from klppo_train.config import AppConfig
 from klppo_train.precision import DTYPES
 from klppo_train.schedule import SCHEDULES
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
-from rollout import SamplingConfig
 
 CHOICES = {
     "algorithm.adv_estimator": ADV_ESTIMATORS,
@@ -58,9 +55,6 @@ def _positive_counts(cfg: AppConfig) -> list[tuple[str, bool, str]]:
         "rollout.log_prob_micro_batch_size_per_gpu",
         "ref.log_prob_max_token_len_per_gpu",
         "rollout.log_prob_max_token_len_per_gpu",
-        "rollout.n",
-        "rollout.response_length",
-        "rollout.max_num_seqs",
         "trainer.total_epochs",
     ]
     return [(key, _get(cfg, key) >= 1, ">= 1") for key in keys]
@@ -90,7 +84,6 @@ POSITIVE = (
     "actor.lr",
     "critic.lr",
     "critic.cliprange_value",
-    "rollout.kv_cache_space_gib",
     "algorithm.kl_ctrl.target_kl",
     "algorithm.kl_ctrl.horizon",
 )
@@ -98,18 +91,11 @@ FLIPS = "> 0 (a negative norm flips the gradient)"
 
 
 def _check_ranges(cfg: AppConfig) -> None:
-    batched = cfg.rollout.max_num_batched_tokens
     rules = _positive_counts(cfg) + [
         *((key, _get(cfg, key) >= 0, rule) for key, rule in NON_NEGATIVE.items()),
         *((key, _get(cfg, key) > 0, "> 0") for key in POSITIVE),
         ("actor.grad_clip", cfg.actor.grad_clip > 0, FLIPS),
         ("critic.grad_clip", cfg.critic.grad_clip > 0, FLIPS),
-        (
-            "rollout.gpu_memory_utilization",
-            0 < cfg.rollout.gpu_memory_utilization <= 1,
-            "in (0, 1]",
-        ),
-        ("rollout.max_num_batched_tokens", batched is None or batched >= 1, ">= 1 or null"),
         ("actor.clip_ratio_low", 0 < cfg.actor.clip_ratio_low < 1, "in (0, 1)"),
         ("actor.clip_ratio_high", 0 < cfg.actor.clip_ratio_high < 1, "in (0, 1)"),
         ("actor.clip_ratio_c", cfg.actor.clip_ratio_c > 1, "> 1"),
@@ -130,7 +116,7 @@ def _check_ranges(cfg: AppConfig) -> None:
 
 
 def _check_batch_sizes(cfg: AppConfig, world_size: int) -> None:
-    n = cfg.rollout.n
+    n = cfg.rollout.sampling.n
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.critic.enable else [])
     batch = cfg.data.train_batch_size
     for role, section in roles:
@@ -163,7 +149,7 @@ def _check_kl_control(cfg: AppConfig) -> None:
             "algorithm.kl_ctrl.kl_coef must be > 0 with kl_ctrl.type=adaptive (the controller "
             f"multiplies it: 0 stays 0), got {ctl.kl_coef}"
         )
-    samples = cfg.data.train_batch_size * cfg.rollout.n
+    samples = cfg.data.train_batch_size * cfg.rollout.sampling.n
     if samples >= 5 * ctl.horizon:
         raise ValueError(
             f"algorithm.kl_ctrl.horizon={ctl.horizon:g} is too small for {samples} samples per "
@@ -206,10 +192,10 @@ def _check_algorithm(cfg: AppConfig) -> None:
     estimator = cfg.algorithm.adv_estimator
     if estimator == "gae" and not cfg.critic.enable:
         raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
-    if estimator in ("grpo", "rloo") and cfg.rollout.n < 2:
+    if estimator in ("grpo", "rloo") and cfg.rollout.sampling.n < 2:
         raise ValueError(
             f"algorithm.adv_estimator={estimator} compares samples of one prompt: "
-            f"rollout.n must be >= 2, got {cfg.rollout.n}"
+            f"rollout.n must be >= 2, got {cfg.rollout.sampling.n}"
         )
 
 
@@ -234,7 +220,7 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
         }
         found = check_token_budgets(
             cfg.data.max_prompt_length,
-            cfg.rollout.response_length,
+            cfg.rollout.sampling.max_new_tokens,
             actor=cfg.actor.ppo_max_token_len_per_gpu,
             log_prob=_get(cfg, log_prob_key),
             critic=cfg.critic.ppo_max_token_len_per_gpu,
@@ -252,48 +238,6 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
     if errors:
         raise ValueError("; ".join(errors))
     return [text for _, text in messages]
-
-
-def sharding_config(
-    fsdp: FsdpConfig,
-    compute_dtype: torch.dtype = torch.float32,
-    gradient_checkpointing: bool = False,
-) -> ShardingConfig:
-    """The package config behind the YAML mirror (validates it too): parameters in
-    ``compute_dtype`` (``model.dtype``) for forward/backward unless ``fsdp.param_dtype``
-    says otherwise; gradients reduced and buffers (rotary frequencies) kept in fp32."""
-    param_dtype = getattr(torch, fsdp.param_dtype) if fsdp.param_dtype else compute_dtype
-    mixed = MixedPrecision(param_dtype, torch.float32, torch.float32)
-    return ShardingConfig(
-        strategy=fsdp.strategy,
-        wrap_policy=tuple(fsdp.wrap_policy) if fsdp.wrap_policy is not None else None,
-        min_num_params=fsdp.min_num_params,
-        forward_prefetch=fsdp.forward_prefetch,
-        backward_prefetch=fsdp.backward_prefetch,
-        reshard_after_forward=fsdp.reshard_after_forward,
-        param_offload=fsdp.param_offload,
-        offload_policy=fsdp.offload_policy,
-        activation_offload=fsdp.activation_offload,
-        optimizer_offload=fsdp.optimizer_offload,
-        mixed_precision=mixed,
-        gradient_checkpointing=gradient_checkpointing,
-        fsdp_size=fsdp.fsdp_size,
-    )
-
-
-def sampling_config(cfg: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
-    """The rollout's sampling; the seed differs per step (one fixed seed would replay the same
-    random draws every step) and is a function of (``trainer.seed``, step) so a resumed run
-    samples exactly what an uninterrupted one would."""
-    r = cfg.rollout
-    return SamplingConfig(
-        n=1 if validation else r.n,
-        temperature=r.val_temperature if validation else r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        max_new_tokens=r.response_length,
-        seed=cfg.trainer.seed * 1_000_003 + step,
-    )
 
 
 def _check_resume(cfg: AppConfig) -> None:
@@ -314,13 +258,4 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_fsdp_sizes(config, world_size)
     _check_launch(config, world_size)
     check_allocator(config.trainer.allocator)
-    for role in ("actor", "ref", "critic"):
-        try:
-            sharding_config(getattr(config, role).fsdp)
-        except (ValueError, AttributeError) as err:
-            raise ValueError(f"{role}.fsdp: {err}") from None
-    try:
-        sampling_config(config)
-    except ValueError as err:
-        raise ValueError(f"rollout: {err}") from None
     return _check_token_budgets(config)

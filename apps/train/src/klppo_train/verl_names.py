@@ -4,8 +4,10 @@ A verl user can keep their keys: ``actor_rollout_ref.actor.ppo_max_token_len_per
 is ``actor.ppo_max_token_len_per_gpu=16384``, ``actor_rollout_ref.actor.fsdp_config.*`` is
 ``actor.fsdp.*``, ``strategy=fsdp|fsdp2`` is ``fsdp.strategy=fsdp1|fsdp2``. Keys verl has
 and klppo deliberately does not (sequence/tensor parallelism, Megatron, Ray) are refused
-with the reason, a value klppo cannot honour (``use_remove_padding=false``) too. The table
-in ``docs/verl-names.md`` is generated from :data:`ALIASES` and :data:`REFUSED`
+with the reason, a value klppo cannot honour (``use_remove_padding=false``) too. klppo's
+own short names (``rollout.n`` for ``rollout.sampling.n``) and the package-config fields the
+app sets itself (refused as keys) live here too. The tables in ``docs/verl-names.md`` are
+generated from :data:`ALIASES`, :data:`SHORT_NAMES`, :data:`DERIVED` and :data:`REFUSED`
 (:func:`markdown_table`).
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 # Most specific first: the first matching rule wins.
 ALIASES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.model.path": ("model.path",),
-    "actor_rollout_ref.model.enable_gradient_checkpointing": ("model.gradient_checkpointing",),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": ("actor.fsdp.gradient_checkpointing",),
     "actor_rollout_ref.actor.optim.lr": ("actor.lr",),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": ("actor.lr_warmup_steps",),
     "actor_rollout_ref.actor.optim.weight_decay": ("actor.weight_decay",),
@@ -42,9 +44,50 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "critic.strategy": ("critic.fsdp.strategy",),
     "critic.model.fsdp_config.wrap_policy.min_num_params": ("critic.fsdp.min_num_params",),
     "critic.model.fsdp_config.*": ("critic.fsdp.*",),
-    "critic.model.enable_gradient_checkpointing": ("model.gradient_checkpointing",),
-    "data.max_response_length": ("rollout.response_length",),
+    "critic.model.enable_gradient_checkpointing": ("critic.fsdp.gradient_checkpointing",),
+    "data.max_response_length": ("rollout.sampling.max_new_tokens",),
     "trainer.default_local_dir": ("trainer.run_dir",),
+}
+
+# klppo's short names (verl's flat ones) for fields of the packages' configs that the app's
+# sections hold: ``rollout.n`` is ``rollout.sampling.n``. Applied after ALIASES.
+SHORT_NAMES: dict[str, tuple[str, ...]] = {
+    **{f"rollout.{k}": (f"rollout.sampling.{k}",) for k in ("n", "temperature", "top_p", "top_k")},
+    "rollout.response_length": ("rollout.sampling.max_new_tokens",),
+    **{
+        f"rollout.{k}": (f"rollout.vllm.{k}",)
+        for k in (
+            "gpu_memory_utilization",
+            "kv_cache_space_gib",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "enable_prefix_caching",
+            "disable_log_stats",
+            "enforce_eager",
+        )
+    },
+    **{
+        f"{role}.fsdp.param_dtype": (f"{role}.fsdp.mixed_precision.param_dtype",)
+        for role in ("actor", "ref", "critic")
+    },
+    "model.gradient_checkpointing": (
+        "actor.fsdp.gradient_checkpointing",
+        "critic.fsdp.gradient_checkpointing",
+    ),
+}
+
+# Fields of the packages' configs that the app sets itself: a value from the user other than
+# the schema's default (a printed config loads again) would be overwritten, so it is refused
+# with where it comes from (klppo_train.config).
+DERIVED: dict[str, str] = {
+    "rollout.sampling.seed": "per-request seeds come from trainer.seed and the step",
+    "rollout.vllm.seed": "from trainer.seed",
+    "rollout.vllm.dtype": "from model.dtype",
+    "rollout.vllm.max_model_len": "data.max_prompt_length + rollout.response_length",
+    "rollout.hf.max_model_len": "data.max_prompt_length + rollout.response_length",
+    "rollout.hf.pad_token_id": "the tokenizer's",
+    "rollout.hf.eos_token_ids": "the tokenizer's",
+    "ref.fsdp.gradient_checkpointing": "the reference runs no backward (nothing to recompute)",
 }
 
 MEGATRON = "klppo shards with FSDP (torch.distributed), not Megatron"
@@ -111,21 +154,26 @@ def _refused_rule(key: str) -> str | None:
     return next((rule for rule in REFUSED if _match(rule, key) is not None), None)
 
 
+def _rename(table: dict[str, tuple[str, ...]], key: str) -> list[str]:
+    for rule, targets in table.items():
+        rest = _match(rule, key)
+        if rest is not None:
+            return [_target(t, rest) for t in targets]
+    return [key]
+
+
 def translate(key: str, value: Any) -> tuple[list[tuple[str, Any]], str | None]:
-    """``(klppo (key, value) pairs, refusal or None)`` for one dotted key; klppo's own keys
-    (and unknown ones, left to the schema check) pass through unchanged. A refused key with
-    its one accepted value (verl's default) is dropped without a refusal."""
+    """``(klppo (key, value) pairs, refusal or None)`` for one dotted key: verl's names
+    (:data:`ALIASES`), then klppo's short names (:data:`SHORT_NAMES`); klppo's own keys (and
+    unknown ones, left to the schema check) pass through unchanged. A refused key with its
+    one accepted value (verl's default) is dropped without a refusal."""
     refused = _refused_rule(key)
     if refused is not None:
         accepted = ACCEPTED_VALUES.get(refused)
         ok = accepted is not None and accepted(value)
         return [], None if ok else f"{key}={value!r}: {REFUSED[refused]}"
-    for rule, targets in ALIASES.items():
-        rest = _match(rule, key)
-        if rest is not None:
-            pairs = [(_target(t, rest), value) for t in targets]
-            return [(k, _value(k, v)) for k, v in pairs], None
-    return [(key, value)], None
+    names = [short for name in _rename(ALIASES, key) for short in _rename(SHORT_NAMES, name)]
+    return [(name, _value(name, value)) for name in names], None
 
 
 def _value(key: str, value: Any) -> Any:
@@ -135,9 +183,16 @@ def _value(key: str, value: Any) -> Any:
 
 
 def markdown_table() -> str:
-    """The docs table: every verl key (pattern) klppo accepts and the ones it refuses."""
+    """The docs tables: every verl key (pattern) klppo accepts, klppo's short names, the
+    keys klppo sets itself, and the verl keys it refuses."""
     lines = ["| verl key | klppo key |", "|---|---|"]
     lines += [f"| `{verl}` | {', '.join(f'`{k}`' for k in ks)} |" for verl, ks in ALIASES.items()]
+    lines += ["", "| short name | stands for |", "|---|---|"]
+    lines += [
+        f"| `{name}` | {', '.join(f'`{k}`' for k in ks)} |" for name, ks in SHORT_NAMES.items()
+    ]
+    lines += ["", "| set by klppo, refused as a key | from |", "|---|---|"]
+    lines += [f"| `{key}` | {reason} |" for key, reason in DERIVED.items()]
     lines += ["", "| refused verl key | why |", "|---|---|"]
     lines += [f"| `{verl}` | {reason} |" for verl, reason in REFUSED.items()]
     return "\n".join(lines) + "\n"
@@ -154,7 +209,14 @@ what klppo has under the same section and name (`critic.ppo_micro_batch_size_per
 alias. Values: `strategy=fsdp` is FSDP1 (`fsdp.strategy=fsdp1`), `fsdp2` FSDP2.
 `trainer.n_gpus_per_node` × `trainer.nnodes` must equal the launch's world size.
 
-This file is generated from `klppo_train/verl_names.py` (`ALIASES`, `REFUSED`); a test
+The app's sections hold the packages' own configs (`actor.fsdp` is `fsdp_sharding`'s
+`ShardingConfig`, `rollout.sampling` / `rollout.vllm` / `rollout.hf` are `rollout`'s
+`SamplingConfig` / `VLLMConfig` / `HFEngineConfig`), so every field of them is a key;
+verl's flat names for the most used ones (`rollout.n`, `rollout.gpu_memory_utilization`,
+`actor.fsdp.param_dtype`, ...) are short names for them.
+
+This file is generated from `klppo_train/verl_names.py` (`ALIASES`, `SHORT_NAMES`,
+`DERIVED`, `REFUSED`); a test
 checks that it is current:
 
     ./uvw run python -m klppo_train.verl_names > docs/verl-names.md

@@ -9,27 +9,75 @@ import torch
 STRATEGIES = ("fsdp2", "fsdp1")
 
 
-@dataclass(frozen=True)
+# Short names users know from verl recipes, and torch's own names.
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def dtype_name(value: str | torch.dtype | None, field: str) -> str | None:
+    """The canonical name (``"bfloat16"``) of a dtype given as a name, a short name or a
+    ``torch.dtype``; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+    name = DTYPE_NAMES.get(name, name)
+    if name not in FLOAT_DTYPES:
+        raise ValueError(
+            f"MixedPrecision.{field}={value!r}; valid: {', '.join([*FLOAT_DTYPES, *DTYPE_NAMES])}"
+        )
+    return name
+
+
+@dataclass(frozen=True, kw_only=True)
 class MixedPrecision:
-    """Dtypes FSDP uses. ``None`` keeps the parameter's own dtype.
+    """Dtypes FSDP uses, by name (so the config is plain YAML). ``None`` keeps the
+    parameter's own dtype.
 
     Attributes:
         param_dtype: dtype of the unsharded parameters in forward/backward (bf16 on GPU).
         reduce_dtype: dtype of the gradient reduce-scatter (fp32 keeps sums exact).
         buffer_dtype: dtype of module buffers (rotary frequencies stay fp32).
+
+    Each accepts ``"bfloat16"``, ``"bf16"``, ``torch.bfloat16``, ...; stored as the
+    canonical name, read as a ``torch.dtype`` through :attr:`param`, :attr:`reduce`,
+    :attr:`buffer`.
     """
 
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
-    buffer_dtype: torch.dtype | None = None
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    buffer_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+            object.__setattr__(self, field, dtype_name(getattr(self, field), field))
+
+    @property
+    def param(self) -> torch.dtype | None:
+        return _torch_dtype(self.param_dtype)
+
+    @property
+    def reduce(self) -> torch.dtype | None:
+        return _torch_dtype(self.reduce_dtype)
+
+    @property
+    def buffer(self) -> torch.dtype | None:
+        return _torch_dtype(self.buffer_dtype)
 
 
-GPU_DEFAULT_PRECISION = MixedPrecision(torch.bfloat16, torch.float32, torch.float32)
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else getattr(torch, name)
+
+
+GPU_DEFAULT_PRECISION = MixedPrecision(
+    param_dtype="bfloat16", reduce_dtype="float32", buffer_dtype="float32"
+)
 # No native bf16 on most CPUs: bf16 FSDP ran 3-8x slower than fp32 on our CPU machines.
-CPU_DEFAULT_PRECISION = MixedPrecision(torch.float32, torch.float32, torch.float32)
+CPU_DEFAULT_PRECISION = MixedPrecision(
+    param_dtype="float32", reduce_dtype="float32", buffer_dtype="float32"
+)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardingConfig:
     """How to shard one model (actor, critic or reference).
 

@@ -62,9 +62,9 @@ def apply_fsdp1(
         forward_prefetch=bool(config.forward_prefetch),
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE if config.backward_prefetch else None,
         mixed_precision=FSDP1MixedPrecision(
-            param_dtype=precision.param_dtype,
-            reduce_dtype=precision.reduce_dtype,
-            buffer_dtype=precision.buffer_dtype,
+            param_dtype=precision.param,
+            reduce_dtype=precision.reduce,
+            buffer_dtype=precision.buffer,
         ),
         cpu_offload=CPUOffload(offload_params=offload),
         use_orig_params=True,

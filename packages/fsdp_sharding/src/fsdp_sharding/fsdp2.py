@@ -30,7 +30,7 @@ def fsdp2_kwargs(config: ShardingConfig, precision: MixedPrecision, mesh: Device
     kwargs = {
         "mesh": mesh,
         "mp_policy": MixedPrecisionPolicy(
-            param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype
+            param_dtype=precision.param, reduce_dtype=precision.reduce
         ),
     }
     if config.offload_policy or config.param_offload:

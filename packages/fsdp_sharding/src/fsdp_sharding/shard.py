@@ -66,7 +66,7 @@ def shard_model(
     precision = config.precision_for(device)
     units = choose_shard_units(model, config)
     log.info("shard units: %d (%s)", len(units), sorted({type(u).__name__ for u in units}))
-    cast_buffers(model, precision.buffer_dtype)
+    cast_buffers(model, precision.buffer)
     units = apply_activation_policies(model, units, config)
     if config.strategy == "fsdp2":
         return apply_fsdp2(model, units, config, precision, mesh)

@@ -1,0 +1,48 @@
+"""The rollout engine and the sampling of each call, from the ``rollout`` section.
+
+The section holds the package's own configs (``rollout.sampling``, ``rollout.vllm``,
+``rollout.hf``); what the app derives is filled in here, once: the engine's maximum length
+(``data.max_prompt_length`` + response length), its dtype (``model.dtype``), its seed and
+the tokenizer's ids, and each call's sampling seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM
+
+from klppo_train.config import AppConfig
+from klppo_train.precision import Precision
+from rollout import HFEngine, RolloutEngine, SamplingConfig, VLLMEngine
+
+
+def build_engine(cfg: AppConfig, model_dir: Path, tokenizer, precision: Precision) -> RolloutEngine:
+    """The configured engine (``rollout.engine``) over ``model_dir`` in the compute dtype."""
+    max_model_len = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    if cfg.rollout.engine == "hf":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.dtype)
+        config = replace(
+            cfg.rollout.hf,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_ids=(tokenizer.eos_token_id,),
+            max_model_len=max_model_len,
+        )
+        return HFEngine(model, config)
+    config = replace(
+        cfg.rollout.vllm, max_model_len=max_model_len, seed=cfg.trainer.seed, dtype=precision.name
+    )
+    return VLLMEngine(model_dir, config)
+
+
+def sampling_config(cfg: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
+    """``rollout.sampling`` with this call's seed; validation draws one greedy
+    (``rollout.val_temperature``) sample per prompt. The seed differs per step (one fixed
+    seed would replay the same random draws every step) and is a function of
+    (``trainer.seed``, step) so a resumed run samples exactly what an uninterrupted one
+    would."""
+    sampling = cfg.rollout.sampling
+    if validation:
+        sampling = replace(sampling, n=1, temperature=cfg.rollout.val_temperature)
+    return replace(sampling, seed=cfg.trainer.seed * 1_000_003 + step)
