@@ -14,6 +14,7 @@ from klppo_train.validate import validate_config
 from rollout import SamplingConfig, VLLMConfig
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+_CRITIC_OFF = ["critic.enable=false", "algorithm.adv_estimator=grpo"]
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
@@ -92,10 +93,27 @@ def test_validation_names_the_key(overrides, match) -> None:
         validate_config(load_config(None, overrides))
 
 
+def test_prompts_per_step_must_split_evenly_over_ranks() -> None:
+    # verl's failure case: 6 prompts (mini-batch 6, n=2) over 4 ranks held 2/4/2/4 samples
+    c = load_config(
+        None,
+        [*_CRITIC_OFF, "data.train_batch_size=6", "actor.ppo_mini_batch_size=6", "rollout.n=2"],
+    )
+    with pytest.raises(
+        ValueError, match="data.train_batch_size=6 prompts do not split evenly over 4"
+    ):
+        validate_config(c, world_size=4)
+    validate_config(c, world_size=2)  # 3 prompts × 2 samples each
+
+
 def test_world_size_divisibility() -> None:
-    config = load_config(None, ["actor.ppo_mini_batch_size=8", "critic.ppo_mini_batch_size=8"])
-    with pytest.raises(ValueError, match="8 samples do not split over 3 ranks"):
-        validate_config(config, world_size=3)
+    keys = [
+        "data.train_batch_size=12",
+        "actor.ppo_mini_batch_size=4",
+        "critic.ppo_mini_batch_size=4",
+    ]
+    with pytest.raises(ValueError, match="4 samples do not split over 3 ranks"):
+        validate_config(load_config(None, keys), world_size=3)
 
 
 def test_sections_hold_the_packages_configs() -> None:

@@ -1,5 +1,10 @@
 """GAE, GRPO, RLOO and REINFORCE++ advantages with hand-derived values."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -95,3 +100,18 @@ def test_advantage_shape_errors() -> None:
         compute_gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), 1.0, 1.0)
     with pytest.raises(ValueError, match=r"`token_rewards` must have shape \[B, T\]"):
         compute_reinforce_pp_advantages(torch.zeros(3), torch.ones(3), 1.0)
+
+
+@pytest.mark.slow  # two processes
+def test_whitening_over_data_parallel_ranks_equals_the_whole_batch(tmp_path) -> None:
+    worker = Path(__file__).with_name("dp_whiten_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone"]
+    run = subprocess.run(
+        [*cmd, str(worker), str(tmp_path)], capture_output=True, text=True, timeout=180
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["gae"] < 1e-12 and result["reinforce_pp"] < 1e-12, result
+        # whitening each rank's slice alone (the old behaviour) is measurably different
+        assert result["gae_per_rank"] > 1e-2 and result["reinforce_pp_per_rank"] > 1e-2, result

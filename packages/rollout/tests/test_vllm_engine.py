@@ -77,6 +77,27 @@ def test_seeded_sampling_of_a_batch_larger_than_one_step(setup) -> None:
     assert_logprobs_match(model, first, prompts)
 
 
+def test_per_prompt_seeds_give_each_request_its_own_stream(setup) -> None:
+    """One seed for a whole call gives duplicate prompts identical samples (and sample j of
+    every prompt the same random stream); per-prompt seeds do not, and a prompt's samples do
+    not depend on the call it is in (the same samples at every data-parallel world size)."""
+    _, engine = setup
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11], [12, 13]]
+    sampling = SamplingConfig(n=2, temperature=1.0, max_new_tokens=16, seed=7)
+
+    def responses(batch, prompt_index):
+        return [s.response_token_ids for s in batch.samples if s.prompt_index == prompt_index]
+
+    shared = engine.generate(prompts, sampling)
+    assert responses(shared, 0) == responses(shared, 1)  # the defect per-prompt seeds fix
+    whole = engine.generate(prompts, sampling, seeds=[100, 101, 102, 103])
+    assert responses(whole, 0) != responses(whole, 1)
+    half = engine.generate(prompts[2:], sampling, seeds=[102, 103])  # rank 1's share
+    assert [responses(half, i) for i in (0, 1)] == [responses(whole, i) for i in (2, 3)]
+    with pytest.raises(ValueError, match="2 seeds for 4 prompts"):
+        engine.generate(prompts, sampling, seeds=[1, 2])
+
+
 def test_greedy_matches_the_hf_engine(setup) -> None:
     model, engine = setup
     hf = HFEngine(model, HFEngineConfig(pad_token_id=PAD, eos_token_ids=(EOS,)))

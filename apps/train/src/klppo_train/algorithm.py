@@ -12,9 +12,11 @@ import torch
 import torch.distributed as dist
 
 from klppo_train.config import AlgorithmConfig
+from klppo_train.distributed import sum_over_ranks
 from ppo_core import (
     AdaptiveKLController,
     FixedKLController,
+    SumOverRanks,
     apply_kl_penalty,
     compute_gae,
     compute_grpo_advantages,
@@ -72,13 +74,14 @@ def _needs(name: str, what: str, value: torch.Tensor | None) -> torch.Tensor:
     return value
 
 
-def _estimators(cfg: AlgorithmConfig) -> dict[str, AdvantageFn]:
+def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, AdvantageFn]:
     """Each estimator as one signature; GRPO/RLOO score each sequence by its summed token
-    rewards and group the samples of one prompt by ``group_ids``."""
+    rewards and group the samples of one prompt by ``group_ids`` (whole on one rank); GAE
+    and REINFORCE++ whiten over every rank's samples through ``dp_sum``."""
     prompts = "the prompt index of each sample"
     return {
         "gae": lambda r, m, *, values=None, group_ids=None: compute_gae(
-            r, _needs("gae", "critic values", values), m, cfg.gamma, cfg.lam
+            r, _needs("gae", "critic values", values), m, cfg.gamma, cfg.lam, dp_sum=dp_sum
         ),
         "grpo": lambda r, m, *, values=None, group_ids=None: compute_grpo_advantages(
             _sequence_scores(r, m),
@@ -90,19 +93,19 @@ def _estimators(cfg: AlgorithmConfig) -> dict[str, AdvantageFn]:
             _sequence_scores(r, m), _needs("rloo", prompts, group_ids), m
         ),
         "reinforce_plus_plus": lambda r, m, *, values=None, group_ids=None: (
-            compute_reinforce_pp_advantages(r, m, cfg.gamma)
+            compute_reinforce_pp_advantages(r, m, cfg.gamma, dp_sum=dp_sum)
         ),
     }
 
 
-ADV_ESTIMATORS = tuple(_estimators(AlgorithmConfig()))
+ADV_ESTIMATORS = tuple(_estimators(AlgorithmConfig(), None))
 
 
-def make_advantage_fn(cfg: AlgorithmConfig) -> AdvantageFn:
+def make_advantage_fn(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None = None) -> AdvantageFn:
     """``cfg.adv_estimator`` resolved once (build time) to its function
     ``fn(token_rewards, response_mask, *, values=None, group_ids=None) -> (advantages,
-    returns)``, ``[N, T]`` each."""
-    estimators = _estimators(cfg)
+    returns)``, ``[N, T]`` each. ``dp_sum`` (an all-reduce) under data parallelism."""
+    estimators = _estimators(cfg, dp_sum)
     if cfg.adv_estimator not in estimators:
         raise ValueError(
             f"algorithm.adv_estimator={cfg.adv_estimator!r}; valid: {', '.join(estimators)}"
@@ -124,8 +127,9 @@ def advantage_metrics(
 def explained_variance(
     values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor
 ) -> float:
-    """``critic/vf_explained_var`` = 1 − Var(returns − values) / Var(returns) over valid
-    tokens (1: the critic predicts the returns; 0: no better than their mean)."""
-    var_returns = masked_var(returns, response_mask, unbiased=False)
-    var_error = masked_var(returns - values, response_mask, unbiased=False)
+    """``critic/vf_explained_var`` = 1 − Var(returns − values) / Var(returns) over the valid
+    tokens of every rank (1: the critic predicts the returns; 0: no better than their mean)."""
+    var_returns = masked_var(returns, response_mask, unbiased=False, dp_sum=sum_over_ranks)
+    errors = returns - values
+    var_error = masked_var(errors, response_mask, unbiased=False, dp_sum=sum_over_ranks)
     return float(1.0 - var_error / (var_returns + 1e-8))

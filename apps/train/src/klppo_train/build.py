@@ -26,6 +26,7 @@ from klppo_train.components import Components
 from klppo_train.config import AppConfig
 from klppo_train.data import read_rows
 from klppo_train.demo.embedded import build_model, build_tokenizer, warm_up
+from klppo_train.distributed import sum_over_ranks, world_size
 from klppo_train.engine import build_engine
 from klppo_train.hf_dirs import save_atomically
 from klppo_train.precision import Precision, resolve_precision, role_sharding
@@ -194,7 +195,9 @@ def build_components(
         tokenizer=tokenizer,
         rewards=rewards,
         kl_controller=make_kl_controller(cfg.algorithm),
-        advantage_fn=make_advantage_fn(cfg.algorithm),
+        advantage_fn=make_advantage_fn(
+            cfg.algorithm, dp_sum=sum_over_ranks if world_size() > 1 else None
+        ),
         ref=ref,
         critic=critic,
         critic_optimizer=critic_opt,

@@ -52,27 +52,78 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def rank_slice(items: Sequence[T]) -> list[T]:
-    """This rank's contiguous share of ``items`` (the ranks' shares differ by at most one)."""
+def rank_span(count: int) -> range:
+    """The indices of this rank's contiguous share of ``count`` items (the ranks' shares
+    differ by at most one)."""
     if not dist.is_initialized():
-        return list(items)
+        return range(count)
     rank, world = dist.get_rank(), dist.get_world_size()
-    start, stop = (len(items) * rank) // world, (len(items) * (rank + 1)) // world
-    return list(items[start:stop])
+    return range((count * rank) // world, (count * (rank + 1)) // world)
 
 
-def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
-    """Every rank's metrics averaged key by key (a key missing on a rank is not counted);
-    ``timing_s/*`` take the slowest rank's value instead."""
+def rank_slice(items: Sequence[T]) -> list[T]:
+    """This rank's contiguous share of ``items`` (see :func:`rank_span`)."""
+    span = rank_span(len(items))
+    return list(items[span.start : span.stop])
+
+
+def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """``value`` summed over all ranks (an all-reduced copy; ``value`` itself alone)."""
+    if world_size() == 1:
+        return value
+    value = value.clone()
+    dist.all_reduce(value)
+    return value
+
+
+# How a step's metric combines over ranks (the rest are token means, weighted by each
+# rank's TOKENS): counts add up; these are equal-weight means -- per-sample means (ranks
+# hold equal numbers of samples), the loss shares (each rank's is scaled by dp_size, so
+# their mean is the global loss), values every rank shares, per-device throughput.
+TOKENS = "perf/response_tokens"
+SUMS = (TOKENS, "reward/errors")
+MEANS = (
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "critic/vf_loss",
+    "actor/grad_norm",
+    "critic/grad_norm",
+    "actor/policy_version_sampled",
+    "actor/on_policy_shortcut",
+    "actor/reward_kl_penalty",  # per-sample (verl's batch KL: the mean of sequence means)
+    "actor/reward_kl_penalty_coeff",
+    "critic/vf_explained_var",  # computed over all ranks already
+    "perf/throughput",
+)
+
+
+def _combine(name: str, values: list[float], tokens: list[float]) -> float:
+    if name.startswith("timing_s/") or name.endswith(("/max", "_max")):
+        return max(values)  # the slowest rank; the largest value anywhere
+    if name.endswith(("/min", "_min")):
+        return min(values)
+    if name in SUMS:
+        return sum(values)
+    if name in MEANS or name.startswith("val/") or len(values) != len(tokens):
+        return sum(values) / len(values)
+    return sum(v * w for v, w in zip(values, tokens, strict=True)) / max(sum(tokens), 1.0)
+
+
+def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's metrics over all ranks, as one process on the whole batch would log them:
+    maxima by max, counts summed, token means weighted by each rank's ``perf/response_tokens``
+    (so ``metrics.jsonl`` does not change with the world size). A metric of mini-batches
+    (the updates' clip fractions, KL) is exact when a step has one mini-batch per epoch."""
     if world_size() == 1:
         return dict(metrics)
     gathered: list[Any] = [None] * world_size()
     dist.all_gather_object(gathered, metrics)
-    merged: dict[str, float] = {}
-    for key in sorted({k for m in gathered for k in m}):
-        values = [m[key] for m in gathered if key in m]
-        merged[key] = max(values) if key.startswith("timing_s/") else sum(values) / len(values)
-    return merged
+    tokens = [m.get(TOKENS, 1.0) for m in gathered]
+    return {
+        key: _combine(key, [m[key] for m in gathered if key in m], tokens)
+        for key in sorted({k for m in gathered for k in m})
+    }
 
 
 def concat_over_ranks(counts: dict[str, list[float]]) -> dict[str, list[float]]:

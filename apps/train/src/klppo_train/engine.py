@@ -36,6 +36,15 @@ def build_engine(cfg: AppConfig, model_dir: Path, tokenizer, precision: Precisio
     return VLLMEngine(model_dir, config)
 
 
+# Seeds of one step's requests: base(trainer.seed, step) * PROMPTS_PER_STEP + prompt index,
+# distinct for every (step, prompt) while a step has fewer prompts than this.
+PROMPTS_PER_STEP = 1_000_003
+
+
+def _step_seed(cfg: AppConfig, step: int) -> int:
+    return cfg.trainer.seed * 1_000_003 + step
+
+
 def sampling_config(cfg: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
     """``rollout.sampling`` with this call's seed; validation draws one greedy
     (``rollout.val_temperature``) sample per prompt. The seed differs per step (one fixed
@@ -45,4 +54,13 @@ def sampling_config(cfg: AppConfig, *, validation: bool = False, step: int = 0) 
     sampling = cfg.rollout.sampling
     if validation:
         sampling = replace(sampling, n=1, temperature=cfg.rollout.val_temperature)
-    return replace(sampling, seed=cfg.trainer.seed * 1_000_003 + step)
+    return replace(sampling, seed=_step_seed(cfg, step))
+
+
+def request_seeds(cfg: AppConfig, step: int, prompts: range) -> list[int]:
+    """One seed per prompt of the step, from (``trainer.seed``, step, the prompt's index in
+    the whole step's batch): every request draws its own random stream (one seed for all
+    gave duplicate prompts identical samples), and a prompt gets the same samples whichever
+    rank generates it, so the samples do not change with the world size."""
+    base = _step_seed(cfg, step) * PROMPTS_PER_STEP
+    return [base + index for index in prompts]

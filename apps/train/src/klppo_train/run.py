@@ -31,10 +31,10 @@ from klppo_train.config import AppConfig, to_yaml
 from klppo_train.data import PromptLoader
 from klppo_train.distributed import (
     concat_over_ranks,
+    global_metrics,
     init_distributed,
     is_main,
     launch_world_size,
-    mean_over_ranks,
     rank_slice,
 )
 from klppo_train.engine import sampling_config
@@ -132,7 +132,7 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
             scheduler.step()
         if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
             metrics.update(validation_accuracy(c, val_set.items, cfg))
-        metrics_log.log(step, mean_over_ranks(metrics))
+        metrics_log.log(step, global_metrics(metrics))
         if _due(step, cfg.trainer.save_freq, last):
             save_trainer_checkpoint(
                 run_dir, c, schedulers, loader, step, cfg.trainer.max_ckpt_to_keep

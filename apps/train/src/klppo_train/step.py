@@ -23,8 +23,8 @@ from klppo_train.components import Components, timed
 from klppo_train.config import AppConfig
 from klppo_train.critic import ValueBatch, critic_update_step
 from klppo_train.data import PromptItem
-from klppo_train.distributed import rank_slice, world_size
-from klppo_train.engine import sampling_config
+from klppo_train.distributed import rank_span, world_size
+from klppo_train.engine import request_seeds, sampling_config
 from klppo_train.forward import response_logprobs, response_values
 from klppo_train.rewards import RewardManager
 from klppo_train.update import select_rows, static_micro_batch_size
@@ -98,8 +98,12 @@ class ForwardPasses:
     values: torch.Tensor | None = None
 
 
-def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: int):
-    batch = c.engine.generate([list(i.prompt_ids) for i in items], sampling_config(cfg, step=step))
+def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: int, span):
+    batch = c.engine.generate(
+        [list(i.prompt_ids) for i in items],
+        sampling_config(cfg, step=step),
+        seeds=request_seeds(cfg, step, span),
+    )
     return rollout_tensors(
         [i.prompt_ids for i in items],
         batch,
@@ -191,6 +195,7 @@ def _step_metrics(t: RolloutTensors, p: ForwardPasses, scores, advantages, retur
         {
             "critic/score/mean": float((scores * mask).sum(-1).mean()),
             "response_length/mean": float(mask.sum(-1).float().mean()),
+            "perf/response_tokens": float(mask.sum()),
             "actor/policy_version_sampled": float(t.policy_version),
             "actor/entropy_rollout": float(masked_mean(-t.engine_logprobs, mask)),
             "actor/on_policy_shortcut": float(p.old is None),
@@ -206,9 +211,10 @@ def ppo_step(
     weights ``version``."""
     c.timings.clear()
     step_start = time.perf_counter()
-    items = rank_slice(items)
+    span = rank_span(len(items))
+    items = items[span.start : span.stop]
     with timed(c, "gen"):
-        t = _generate(c, items, cfg, step)
+        t = _generate(c, items, cfg, step, span)
     passes = _forward_passes(c, t, cfg)
     with timed(c, "adv"):
         scores, advantages, returns, metrics = _advantages(c, items, t, cfg, passes)

@@ -13,13 +13,12 @@ from dataclasses import fields, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from batching import micro_batch_plan, sync_num_micro_batches, token_budget_micro_batches
+from batching import micro_batch_plan
 from fsdp_sharding import clip_grad_norm, load_optimizer
 from fsdp_sharding import offload_optimizer as offload_optimizer_state
-from klppo_train.distributed import world_size
+from klppo_train.distributed import sum_over_ranks, world_size
 from ppo_core import SHARE_METRICS
 
 MicroLoss = Callable[[nn.Module, Any, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -39,13 +38,6 @@ def _aggregate(totals: dict[str, float], name: str, value: float, weight: float)
         totals[name] = totals.get(name, 0.0) + weight * value
 
 
-def _dp_sum(value: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        value = value.clone()
-        dist.all_reduce(value)
-    return value
-
-
 def static_micro_batch_size(use_dynamic_bsz: bool | None, micro_batch_size: int) -> int | None:
     """The fixed micro-batch size of verl's static mode (``use_dynamic_bsz=False``), or None
     for token-budget micro-batches (True, or None: not resolved, the actor's default)."""
@@ -56,8 +48,8 @@ def global_counts(response_mask: torch.Tensor) -> dict[str, Any]:
     """Valid tokens and sequences of the mini-batch over all ranks, for ``ppo_core`` losses."""
     world = world_size()
     return {
-        "global_num_tokens": _dp_sum(response_mask.sum()),
-        "global_num_seqs": _dp_sum((response_mask.sum(-1) > 0).sum()),
+        "global_num_tokens": sum_over_ranks(response_mask.sum()),
+        "global_num_seqs": sum_over_ranks((response_mask.sum(-1) > 0).sum()),
         "dp_size": world,
     }
 
@@ -81,13 +73,9 @@ def micro_batch_step(
     ``offload_optimizer``: the optimizer state lives on CPU except during its step."""
     mask = batch.response_mask
     counts = global_counts(mask)
+    # Every rank the same number of micro-batches: FSDP's collectives pair up.
     lengths = batch.attention_mask.sum(-1)
-    # Budget plans can differ in length per rank (FSDP needs equal counts); fixed-size ones
-    # cannot (equal samples per rank).
-    count = None
-    if micro_batch_size is None:
-        count = sync_num_micro_batches(len(token_budget_micro_batches(lengths, max_tokens)))
-    plan = micro_batch_plan(lengths, max_tokens, micro_batch_size, num_micro_batches=count)
+    plan = micro_batch_plan(lengths, max_tokens, micro_batch_size, sync_ranks=True)
     totals: dict[str, float] = {}
     for members in plan.micro_batches:
         mb = select_rows(batch, torch.tensor(members, device=mask.device))

@@ -119,6 +119,13 @@ def _check_batch_sizes(cfg: AppConfig, world_size: int) -> None:
     n = cfg.rollout.sampling.n
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.critic.enable else [])
     batch = cfg.data.train_batch_size
+    if batch % world_size:
+        # Unequal shares would give the ranks different numbers of micro-batches and
+        # optimizer steps (FSDP collectives that never pair up).
+        raise ValueError(
+            f"data.train_batch_size={batch} prompts do not split evenly over {world_size} "
+            "ranks (each rank generates for an equal share, whole groups of rollout.n)"
+        )
     for role, section in roles:
         if batch % section.ppo_mini_batch_size:
             raise ValueError(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from batching.distributed import sync_num_micro_batches
 from batching.micro_batches import (
     MicroBatchPlan,
     fixed_size_micro_batches,
@@ -42,11 +43,24 @@ def micro_batch_plan(
     max_tokens: int,
     micro_batch_size: int | None = None,
     num_micro_batches: int | None = None,
+    *,
+    sync_ranks: bool = False,
+    group=None,
 ) -> MicroBatchPlan:
     """Token-budget micro-batches (``use_dynamic_bsz``), or with ``micro_batch_size`` fixed
-    ones of that many sequences (verl's static mode; the budget is then not used)."""
+    ones of that many sequences (verl's static mode; the budget is then not used).
+
+    ``sync_ranks``: every rank of ``group`` (default: the world, when a process group is
+    initialized) gets the same number of budget micro-batches -- the largest any rank's own
+    plan needs (:func:`~batching.sync_num_micro_batches`) -- as FSDP needs: each
+    micro-batch's forward is a collective. All ranks must then call it. Fixed-size plans
+    are equal already when the ranks hold equal numbers of sequences.
+    """
     if micro_batch_size is not None:
         return fixed_size_micro_batches(lengths, micro_batch_size)
+    if sync_ranks:
+        own = len(token_budget_micro_batches(lengths, max_tokens))
+        num_micro_batches = sync_num_micro_batches(max(own, num_micro_batches or 0), group)
     return token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
 
 
@@ -60,11 +74,24 @@ def per_response_token(
     max_tokens: int,
     micro_batch_size: int | None = None,
     num_micro_batches: int | None = None,
+    sync_ranks: bool = True,
+    group=None,
 ) -> list[torch.Tensor]:
     """Run ``compute`` per micro-batch; return each output as ``[B, T]``: the value at the
-    position *before* each response token (the one that predicts it), in the input order."""
+    position *before* each response token (the one that predicts it), in the input order.
+
+    Under torch.distributed every rank of ``group`` runs the same number of micro-batches
+    (``sync_ranks``, on by default: a sharded model's forward is a collective); pass
+    ``sync_ranks=False`` for a model that only this rank runs."""
     lengths = attention_mask.sum(-1)
-    plan = micro_batch_plan(lengths, max_tokens, micro_batch_size, num_micro_batches)
+    plan = micro_batch_plan(
+        lengths,
+        max_tokens,
+        micro_batch_size,
+        num_micro_batches,
+        sync_ranks=sync_ranks,
+        group=group,
+    )
     # Position s predicts token s + 1: responses start at column P, so their values sit at
     # columns P - 1 .. P + T - 2.
     start = input_ids.shape[1] - response_length - 1

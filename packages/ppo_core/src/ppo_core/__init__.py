@@ -3,6 +3,7 @@
 Plain functions with explicit arguments, so they drop into any training loop:
 
 - masked ops: :func:`masked_mean`, :func:`masked_sum`, :func:`masked_var`, :func:`masked_whiten`
+  (whole-batch statistics under data parallelism with ``dp_sum``, :data:`SumOverRanks`)
 - logits: :func:`logprobs_and_entropy`, :func:`logprobs_from_logits`, :func:`entropy_from_logits`
 - KL: :func:`kl_penalty`, :func:`apply_kl_penalty`, :class:`FixedKLController`,
   :class:`AdaptiveKLController`
@@ -29,7 +30,7 @@ from ppo_core.losses import (
     policy_loss,
     value_loss,
 )
-from ppo_core.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from ppo_core.masked import SumOverRanks, masked_mean, masked_sum, masked_var, masked_whiten
 
 try:
     __version__ = version("klppo-ppo-core")
@@ -56,6 +57,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "SumOverRanks",
     "policy_loss",
     "value_loss",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from ppo_core._checks import check_floating, check_ndim, check_same_shape
-from ppo_core.masked import masked_whiten
+from ppo_core.masked import SumOverRanks, masked_whiten
 
 
 def _gae_scan(
@@ -39,6 +39,8 @@ def compute_gae(
     response_mask: torch.Tensor,
     gamma: float,
     lam: float,
+    *,
+    dp_sum: SumOverRanks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation (Schulman et al., 2016), whitened over the batch.
 
@@ -54,6 +56,8 @@ def compute_gae(
         response_mask: ``[B, T]`` binary mask.
         gamma: discount γ.
         lam: GAE λ.
+        dp_sum: sums over data-parallel ranks: whiten over the whole batch
+            (:func:`~ppo_core.masked_whiten`).
 
     Returns:
         ``(advantages, returns)``, both ``[B, T]``.
@@ -66,7 +70,7 @@ def compute_gae(
     with torch.no_grad():
         advantages = _gae_scan(token_rewards, values, response_mask.bool(), gamma, lam)
         returns = advantages + values
-        advantages = masked_whiten(advantages, response_mask)
+        advantages = masked_whiten(advantages, response_mask, dp_sum=dp_sum)
     return advantages, returns
 
 
@@ -172,7 +176,11 @@ def compute_rloo_advantages(
 
 
 def compute_reinforce_pp_advantages(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    *,
+    dp_sum: SumOverRanks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, 2025): whitened discounted return-to-go, no critic.
 
@@ -184,6 +192,7 @@ def compute_reinforce_pp_advantages(
         token_rewards: ``[B, T]`` per-token rewards (KL penalty already folded in).
         response_mask: ``[B, T]`` binary mask.
         gamma: discount γ.
+        dp_sum: sums over data-parallel ranks: whiten over the whole batch.
 
     Returns:
         ``(advantages, returns)``: whitened, masked advantages and the raw returns G.
@@ -201,5 +210,6 @@ def compute_reinforce_pp_advantages(
             returns_tb[t] = running
             running = running * mask_tb[t]
         returns = returns_tb.t()
-        advantages = masked_whiten(returns, response_mask) * response_mask.to(returns.dtype)
+        whitened = masked_whiten(returns, response_mask, dp_sum=dp_sum)
+        advantages = whitened * response_mask.to(returns.dtype)
     return advantages, returns

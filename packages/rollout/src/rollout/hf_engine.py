@@ -16,7 +16,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from rollout.config import SamplingConfig
-from rollout.types import RolloutBatch, Sample, check_prompts, left_pad
+from rollout.types import RolloutBatch, Sample, check_prompts, check_seeds, left_pad
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,12 +57,20 @@ class HFEngine:
         self._generate_seconds = 0.0
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        *,
+        seeds: Sequence[int] | None = None,
     ) -> RolloutBatch:
+        """See :meth:`RolloutEngine.generate`: batched ``generate`` draws every row from one
+        generator, seeded with ``seeds[0]`` (or ``sampling.seed``)."""
         vocab = self.model.get_input_embeddings().num_embeddings
         check_prompts(prompt_token_ids, vocab, self.config.max_model_len)
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
+        check_seeds(seeds, len(prompt_token_ids))
+        seed = seeds[0] if seeds else sampling.seed
+        if seed is not None:
+            torch.manual_seed(seed)
         rows = [(i, list(p)) for i, p in enumerate(prompt_token_ids) for _ in range(sampling.n)]
         start = time.perf_counter()
         samples = [

@@ -30,8 +30,20 @@ class RolloutEngine(Protocol):
     policy_version: int
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
-    ) -> RolloutBatch: ...
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        *,
+        seeds: Sequence[int] | None = None,
+    ) -> RolloutBatch:
+        """Samples for every prompt (``sampling.n`` each).
+
+        ``seeds``: one per prompt, instead of ``sampling.seed`` for the whole call. vLLM
+        gives each prompt its own seeded stream, so a prompt's samples do not depend on what
+        else is in the call (which rank it landed on); the HF engine samples a call from
+        one generator seeded with ``seeds[0]`` (distinct rows, but not call-independent).
+        """
+        ...
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int

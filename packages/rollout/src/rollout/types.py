@@ -100,3 +100,13 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_len: in
             raise ValueError(
                 f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
             )
+
+
+def check_seeds(seeds: Sequence[int] | None, num_prompts: int) -> None:
+    """Per-prompt seeds, if given, are one non-negative int per prompt."""
+    if seeds is None:
+        return
+    if len(seeds) != num_prompts:
+        raise ValueError(f"generate() got {len(seeds)} seeds for {num_prompts} prompts")
+    if any(s < 0 for s in seeds):
+        raise ValueError(f"seeds must be >= 0, got {min(seeds)}")

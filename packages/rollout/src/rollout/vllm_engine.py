@@ -11,14 +11,14 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rollout.config import SamplingConfig
-from rollout.types import RolloutBatch, Sample, check_prompts
+from rollout.types import RolloutBatch, Sample, check_prompts, check_seeds
 
 log = logging.getLogger("rollout")
 
@@ -194,12 +194,23 @@ class VLLMEngine:
         )
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        *,
+        seeds: Sequence[int] | None = None,
     ) -> RolloutBatch:
+        """See :meth:`RolloutEngine.generate`; ``seeds`` become per-request seeds."""
         check_prompts(prompt_token_ids, self.vocab_size, self.max_model_len)
+        check_seeds(seeds, len(prompt_token_ids))
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
+        params = (
+            [self._sampling_params(replace(sampling, seed=seed)) for seed in seeds]
+            if seeds is not None
+            else self._sampling_params(sampling)
+        )
         start = time.perf_counter()
-        outputs = self.llm.generate(prompts, self._sampling_params(sampling), use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self._generate_seconds += time.perf_counter() - start
         samples = [
             self._sample(i, completion)

@@ -1,0 +1,105 @@
+"""Data parallelism across 2 real gloo processes (torchrun): ranks whose data differ must
+still run the same collectives and give the one-process result."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+HERE = Path(__file__).parent
+
+
+def _torchrun(worker: str, out: Path, timeout: int = 240) -> list[dict]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--standalone",
+        str(HERE / worker),
+        str(out),
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.slow  # two processes
+def test_forward_passes_agree_on_micro_batch_counts_across_ranks(tmp_path: Path) -> None:
+    ranks = _torchrun("dp_forward_worker.py", tmp_path)
+    assert [r["own"] for r in ranks] == [1, 2]  # the ranks' own plans differ
+    assert all(r["max_diff"] < 1e-5 for r in ranks), ranks
+
+
+RECIPE = HERE.parent / "recipes" / "default.yaml"
+# Per-step metrics that must not change with the world size.
+INVARIANT = (
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "critic/vf_loss",
+    "actor/reward_kl_penalty",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "critic/advantages/mean",
+    "actor/grad_norm",
+    "critic/grad_norm",
+    "critic/vf_explained_var",
+)
+
+
+def _train(run: Path, data: Path, launcher: list[str]) -> list[dict]:
+    """Three steps of the embedded default (vLLM), one thread per process as torchrun
+    gives each rank (the same kernels, so float rounding differs only by the split)."""
+    args = [
+        str(RECIPE),
+        f"trainer.run_dir={run}",
+        f"data.train_files=[{data}/train.parquet]",
+        f"data.val_files=[{data}/val.parquet]",
+        "model.warmup_steps=20",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=0",
+        "data.train_batch_size=8",
+        # One mini-batch per step: how rows are shuffled into several would depend on the
+        # ranks' shares.
+        "actor.ppo_mini_batch_size=8",
+        "critic.ppo_mini_batch_size=8",
+        "rollout.n=4",
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", "/tmp/klppo_vllm"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [*launcher, "-m", "klppo_train", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # three PPO steps at world size 1, then under torchrun at world size 2
+def test_a_run_is_the_same_at_world_size_1_and_2(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    alone = _train(one, one / "data", [sys.executable])
+    # The same warmed-up model and data files (the warm-up's threads differ under torchrun).
+    shutil.copytree(one / "model", two / "model")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    split = _train(two, one / "data", torchrun)
+    assert [r["step"] for r in split] == [r["step"] for r in alone] == [0, 1, 2, 3]
+    for a, b in zip(alone[1:], split[1:], strict=True):
+        for key in INVARIANT:
+            assert abs(a[key] - b[key]) <= 1e-4, (a["step"], key, a[key], b[key])
+        assert b["perf/response_tokens"] == a["perf/response_tokens"]
+    final = [load_file(run / "actor_hf" / "model.safetensors") for run in (one, two)]
+    for name, tensor in final[0].items():
+        assert (tensor - final[1][name]).abs().max() <= 1e-5, name
