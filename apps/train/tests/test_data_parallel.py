@@ -98,8 +98,24 @@ def test_a_run_is_the_same_at_world_size_1_and_2(tmp_path: Path) -> None:
     assert [r["step"] for r in split] == [r["step"] for r in alone] == [0, 1, 2, 3]
     for a, b in zip(alone[1:], split[1:], strict=True):
         for key in INVARIANT:
-            assert abs(a[key] - b[key]) <= 1e-4, (a["step"], key, a[key], b[key])
+            # 1e-4, relative for large values (vf_explained_var is ~-38 at this size)
+            assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (a["step"], key)
         assert b["perf/response_tokens"] == a["perf/response_tokens"]
     final = [load_file(run / "actor_hf" / "model.safetensors") for run in (one, two)]
     for name, tensor in final[0].items():
         assert (tensor - final[1][name]).abs().max() <= 1e-5, name
+
+
+@pytest.mark.slow  # two processes
+def test_balancing_evens_tokens_and_keeps_groups_whole(tmp_path: Path) -> None:
+    ranks = _torchrun("dp_balance_worker.py", tmp_path)
+    rows = [row for r in ranks for row in r["rows"]]
+    assert sorted(rows) == list(range(8)) and [len(r["rows"]) for r in ranks] == [4, 4]
+    for r in ranks:
+        # each held prompt's 2 samples, contiguous, both from that prompt's own group
+        assert r["prompt_index"] == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert [o // 100 for o in r["origin"]] == [row for row in r["rows"] for _ in (0, 1)]
+    before, after = ranks[0]["perf/dp_imbalance_before"], ranks[0]["perf/dp_imbalance_after"]
+    assert before > 1.5 and after < 1.05, (before, after)
+    tokens = [r["tokens"] for r in ranks]
+    assert max(tokens) / (sum(tokens) / 2) == pytest.approx(after)

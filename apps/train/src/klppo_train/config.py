@@ -164,6 +164,9 @@ class TrainerConfig:
     # for jobs longer than one allocation; the next launch resumes. 0 = run to the end.
     stop_at_step: int = 0
     val_before_train: bool = True  # validate the starting policy (step 0)
+    # Under torchrun: after generation, re-split the step's prompt groups over the ranks so
+    # their tokens are even (verl's default; klppo_train.balance).
+    balance_batch: bool = True
     # auto: tcmalloc when the system has it (the command line re-executes itself with it
     # preloaded; ~18 % off a CPU step), else malloc | tcmalloc (required) | system
     allocator: str = "auto"

@@ -95,6 +95,8 @@ MEANS = (
     "actor/reward_kl_penalty_coeff",
     "critic/vf_explained_var",  # computed over all ranks already
     "perf/throughput",
+    "perf/dp_imbalance_before",
+    "perf/dp_imbalance_after",
 )
 
 

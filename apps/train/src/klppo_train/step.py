@@ -18,6 +18,7 @@ import torch
 
 from klppo_train.actor import PolicyBatch, actor_update_step
 from klppo_train.algorithm import advantage_metrics, explained_variance, kl_in_reward
+from klppo_train.balance import balance_rollouts
 from klppo_train.batch import RolloutTensors, rollout_tensors
 from klppo_train.components import Components, timed
 from klppo_train.config import AppConfig
@@ -99,17 +100,23 @@ class ForwardPasses:
 
 
 def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: int, span):
+    """``(items, tensors, balance metrics)``: this rank's rollouts, re-split over the ranks by
+    tokens when ``trainer.balance_batch``."""
     batch = c.engine.generate(
         [list(i.prompt_ids) for i in items],
         sampling_config(cfg, step=step),
         seeds=request_seeds(cfg, step, span),
     )
-    return rollout_tensors(
+    balance: dict[str, float] = {}
+    if cfg.trainer.balance_batch:
+        items, batch, balance = balance_rollouts(items, batch)
+    tensors = rollout_tensors(
         [i.prompt_ids for i in items],
         batch,
         pad_token_id=c.tokenizer.pad_token_id,
         response_length=cfg.rollout.sampling.max_new_tokens,
     )
+    return items, tensors, balance
 
 
 def _forward_passes(c: Components, t: RolloutTensors, cfg: AppConfig) -> ForwardPasses:
@@ -214,7 +221,7 @@ def ppo_step(
     span = rank_span(len(items))
     items = items[span.start : span.stop]
     with timed(c, "gen"):
-        t = _generate(c, items, cfg, step, span)
+        items, t, balance = _generate(c, items, cfg, step, span)
     passes = _forward_passes(c, t, cfg)
     with timed(c, "adv"):
         scores, advantages, returns, metrics = _advantages(c, items, t, cfg, passes)
@@ -227,6 +234,7 @@ def ppo_step(
         c.weight_sync.sync(version=version)
     metrics.update(_step_metrics(t, passes, scores, advantages, returns))
     metrics.update(c.rewards.metrics(reset=True))
+    metrics.update(balance)
     c.timings["timing_s/step"] = time.perf_counter() - step_start
     metrics.update(c.timings)
     # verl's definition: tokens (prompt + response) per second per device.

@@ -1,0 +1,65 @@
+"""Data-parallel balancing of a step's rollouts (verl's ``trainer.balance_batch``).
+
+Each rank generates for its share of the prompts, so the rank whose prompts drew the long
+responses holds the most tokens and sets every later pass's pace. After generation the
+ranks exchange their (prompt, samples) groups and re-split them with
+``batching.balance_across_ranks``: equal numbers of groups per rank (the optimizer and FSDP
+need equal shares), tokens as even as Karmarkar-Karp makes them, all ``n`` samples of a
+prompt on one rank (GRPO/RLOO groups stay whole). Every rank computes the same assignment
+from the same gathered loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch.distributed as dist
+
+from batching import balance_across_ranks
+from klppo_train.data import PromptItem
+from klppo_train.distributed import world_size
+from rollout import RolloutBatch, Sample
+
+Group = tuple[PromptItem, list[Sample]]
+
+
+def _groups(items: Sequence[PromptItem], batch: RolloutBatch) -> list[Group]:
+    by_prompt: list[list[Sample]] = [[] for _ in items]
+    for sample in batch.samples:
+        by_prompt[sample.prompt_index].append(sample)
+    return list(zip(items, by_prompt, strict=True))
+
+
+def _load(group: Group) -> int:
+    item, samples = group
+    return sum(len(item.prompt_ids) + len(s.response_token_ids) for s in samples)
+
+
+def _imbalance(loads: Sequence[int]) -> float:
+    mean = sum(loads) / len(loads)
+    return max(loads) / mean if mean else 1.0
+
+
+def balance_rollouts(
+    items: Sequence[PromptItem], batch: RolloutBatch
+) -> tuple[list[PromptItem], RolloutBatch, dict[str, float]]:
+    """This rank's balanced share of every rank's ``(items, batch)``, and
+    ``perf/dp_imbalance_{before,after}`` (max / mean tokens per rank). A collective; at
+    world size 1 the input comes back unchanged (and no metrics)."""
+    world = world_size()
+    if world == 1:
+        return list(items), batch, {}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, _groups(items, batch))
+    groups = [group for rank_groups in gathered for group in rank_groups]
+    before = [sum(_load(g) for g in rank_groups) for rank_groups in gathered]
+    assignment = balance_across_ranks([_load(g) for g in groups], world)
+    mine = [groups[g] for g in assignment.ranks[dist.get_rank()]]
+    samples = [replace(s, prompt_index=i) for i, (_, group) in enumerate(mine) for s in group]
+    metrics = {
+        "perf/dp_imbalance_before": _imbalance(before),
+        "perf/dp_imbalance_after": assignment.imbalance,
+    }
+    return [item for item, _ in mine], RolloutBatch(samples, batch.policy_version), metrics
