@@ -10,7 +10,11 @@
 # `python -m torch.distributed.run --standalone --nproc-per-node=1` itself: NCCL, bf16
 # params / fp32 reduce) with a ~100M-parameter Qwen2-style model, reporting step time,
 # torch.cuda.max_memory_allocated and MFU; then the fsdp_sharding test suite (its 2-rank
-# tests run on CPU/gloo there too); then the trainer's CUDA-only optimizer-offload test.
+# tests run on CPU/gloo there too); then the trainer's CUDA-only optimizer-offload test;
+# then 3 PPO steps of the embedded default as one process on the GPU (a 1-rank NCCL group;
+# vLLM on the GPU where installed, with sleep/wake around the update) against the same
+# steps on the CPU, printing per-phase times and tokens/s. Not yet: the SmolLM2 recipe
+# on the GPU (issue 13 makes it prepare itself) and MFU of the PPO step.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -51,5 +55,44 @@ $PYTHON -m pytest packages/fsdp_sharding -q
 step "optimizer offload on CUDA (fsdp.optimizer_offload; refused on CPU, where it is a no-op)"
 echo "+ $PYTHON -m pytest apps/train/tests/test_critic.py -q -k optimizer_offload"
 $PYTHON -m pytest apps/train/tests/test_critic.py -q -k optimizer_offload
+
+step "PPO on 1 GPU vs the CPU: the embedded default, 3 steps (NCCL 1-rank group, no torchrun)"
+# vLLM on the GPU where this Python has the CUDA vllm, else the transformers engine.
+ENGINE=$($PYTHON -c 'import importlib.util as u; print("vllm" if u.find_spec("vllm") else "hf")')
+RUNS=${RUNS:-/tmp/klppo_gpu_check}
+rm -rf "$RUNS"
+ppo() {  # ppo <run dir> <engine> [env ...]: the same 3 steps, data and warmed-up model
+  env "${@:3}" $PYTHON -m klppo_train apps/train/recipes/default.yaml "trainer.run_dir=$1" \
+    "data.train_files=[$RUNS/gpu/data/train.parquet]" "data.val_files=[$RUNS/gpu/data/val.parquet]" \
+    model.warmup_steps=50 trainer.total_training_steps=3 trainer.test_freq=0 \
+    data.train_batch_size=8 actor.ppo_mini_batch_size=8 critic.ppo_mini_batch_size=8 \
+    rollout.n=4 "rollout.engine=$2" rollout.gpu_memory_utilization=0.3
+}
+echo "+ ppo $RUNS/gpu $ENGINE"
+ppo "$RUNS/gpu" "$ENGINE"
+mkdir -p "$RUNS/cpu" && cp -r "$RUNS/gpu/model" "$RUNS/cpu/model"
+echo "+ ppo $RUNS/cpu hf CUDA_VISIBLE_DEVICES="
+ppo "$RUNS/cpu" hf CUDA_VISIBLE_DEVICES=
+$PYTHON - "$RUNS" <<'EOF'
+import json
+import math
+import sys
+from pathlib import Path
+
+runs = Path(sys.argv[1])
+gpu, cpu = (
+    [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+    for name in ("gpu", "cpu")
+)
+for r in gpu[1:]:
+    times = {k[9:]: round(v, 3) for k, v in r.items() if k.startswith("timing_s/")}
+    print(f"step {r['step']}: {times}; {r['perf/throughput']:.0f} tokens/s")
+# The engines sample differently, so compare what must agree: the same greedy validation of
+# the same starting weights, and finite training on both.
+assert all(math.isfinite(r["actor/grad_norm"]) for r in gpu[1:] + cpu[1:]), "non-finite"
+acc = [run[0]["val/arithmetic/acc"] for run in (gpu, cpu)]
+print("step-0 greedy val acc, gpu vs cpu:", acc)
+assert abs(acc[0] - acc[1]) <= 0.05, acc
+EOF
 
 step "done"

@@ -112,6 +112,10 @@ BAD_CONFIGS = [
     (["rollout.max_num_batched_tokens=0"], "rollout.vllm.max_num_batched_tokens must be >= 1"),
     (["actor.fsdp.min_num_params=100", "actor.fsdp.wrap_policy=[Qwen2MLP]"], "actor.fsdp"),
     (["rollout.vllm.seed=3"], "rollout.vllm.seed=3: set by klppo"),
+    (
+        ["actor.fsdp.strategy=fsdp1", "actor.fsdp.param_offload=true"],
+        "FSDP1's CPUOffload gives incorrect gradients",
+    ),
     (["rollout.hf.max_tokens_per_batch=0"], "rollout.hf.max_tokens_per_batch must be >= 1"),
     (["critic.fsdp.mixed_precision.param_dtype=half"], "critic.fsdp.mixed_precision.param_dtype"),
     (["trainer.allocator=jemalloc"], "trainer.allocator='jemalloc'; valid: auto, tcmalloc"),

@@ -43,8 +43,10 @@ def rollout_tensors(
     *,
     pad_token_id: int,
     response_length: int,
+    device: torch.device | str = "cpu",
 ) -> RolloutTensors:
-    """Stack prompts and the engine's responses into :class:`RolloutTensors`."""
+    """Stack prompts and the engine's responses into :class:`RolloutTensors` on ``device``
+    (the trainer's: the models' inputs, and every tensor computed from them, live there)."""
     index = [s.prompt_index for s in batch.samples]
     width = max(len(prompts[i]) for i in index)
     prompt_ids = torch.full((len(index), width), pad_token_id, dtype=torch.long)
@@ -55,10 +57,10 @@ def rollout_tensors(
         prompt_mask[row, width - length :] = 1
     response_ids, logprobs, response_mask = batch.response_tensors(pad_token_id, response_length)
     return RolloutTensors(
-        input_ids=torch.cat([prompt_ids, response_ids], dim=1),
-        attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
-        response_mask=response_mask,
-        engine_logprobs=logprobs,
-        prompt_index=torch.tensor(index, dtype=torch.long),
+        input_ids=torch.cat([prompt_ids, response_ids], dim=1).to(device),
+        attention_mask=torch.cat([prompt_mask, response_mask], dim=1).to(device),
+        response_mask=response_mask.to(device),
+        engine_logprobs=logprobs.to(device),
+        prompt_index=torch.tensor(index, dtype=torch.long, device=device),
         policy_version=batch.policy_version,
     )

@@ -1,10 +1,11 @@
 """torch.distributed for the app: one process group, data-parallel splits, metric reduction.
 
 Under ``torchrun`` the group comes from its environment (NCCL on GPUs, gloo on CPU). A plain
-single process gets a 1-rank gloo group, so FSDP sharding, weight sync and checkpoints run
-the same code at world size 1. Every rank hosts its own rollout engine and works on its own
-slice of each batch; the losses' global token counts (``klppo_train.update``) and FSDP's
-gradient reduction make the update the same as one process on the whole batch.
+single process gets a 1-rank group (NCCL on its GPU where there is one, else gloo), so FSDP
+sharding, weight sync and checkpoints run the same code at world size 1. Every rank hosts its
+own rollout engine and works on its own slice of each batch; the losses' global token counts
+(``klppo_train.update``) and FSDP's gradient reduction make the update the same as one
+process on the whole batch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ def init_distributed() -> tuple[int, int]:
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend, timeout=timedelta(minutes=30))
+        elif torch.cuda.is_available():
+            # One process on a GPU machine trains on its GPU: a 1-rank NCCL group, so
+            # default_device() is CUDA (a gloo group would silently train on the CPU).
+            torch.cuda.set_device(0)
+            dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
+from fsdp_sharding import default_device
 from klppo_train.config import AppConfig
 from klppo_train.precision import Precision
 from rollout import HFEngine, RolloutEngine, SamplingConfig, VLLMEngine
@@ -23,6 +24,7 @@ def build_engine(cfg: AppConfig, model_dir: Path, tokenizer, precision: Precisio
     max_model_len = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
     if cfg.rollout.engine == "hf":
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.dtype)
+        model = model.to(default_device())
         config = replace(
             cfg.rollout.hf,
             pad_token_id=tokenizer.pad_token_id,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fsdp_sharding import default_device
 from klppo_train.actor import PolicyBatch, actor_update_step
 from klppo_train.algorithm import advantage_metrics, explained_variance, kl_in_reward
 from klppo_train.balance import balance_rollouts
@@ -115,6 +116,7 @@ def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: 
         batch,
         pad_token_id=c.tokenizer.pad_token_id,
         response_length=cfg.rollout.sampling.max_new_tokens,
+        device=default_device(),
     )
     return items, tensors, balance
 
@@ -222,6 +224,10 @@ def ppo_step(
     items = items[span.start : span.stop]
     with timed(c, "gen"):
         items, t, balance = _generate(c, items, cfg, step, span)
+    with timed(
+        c, "sleep"
+    ):  # free the engine's GPU memory for the passes (verl's free_cache_engine)
+        c.engine.sleep()
     passes = _forward_passes(c, t, cfg)
     with timed(c, "adv"):
         scores, advantages, returns, metrics = _advantages(c, items, t, cfg, passes)
@@ -230,6 +236,8 @@ def ppo_step(
             metrics.update(_update_critic(c, t, passes, returns, cfg, step))
     with timed(c, "update_actor"):
         metrics.update(_update_actor(c, t, passes, advantages, cfg, step))
+    with timed(c, "wake_up"):
+        c.engine.wake_up()
     with timed(c, "update_weights"):
         c.weight_sync.sync(version=version)
     metrics.update(_step_metrics(t, passes, scores, advantages, returns))

@@ -177,6 +177,14 @@ def _check_launch(cfg: AppConfig, world_size: int) -> None:
 def _check_fsdp_sizes(cfg: AppConfig, world_size: int) -> None:
     if cfg.ref.fsdp.optimizer_offload:
         raise ValueError("ref.fsdp.optimizer_offload=true: the reference has no optimizer")
+    for role in ("actor", "critic"):
+        fsdp = getattr(cfg, role).fsdp
+        if fsdp.strategy == "fsdp1" and fsdp.param_offload:
+            raise ValueError(
+                f"{role}.fsdp.param_offload=true with strategy=fsdp1: FSDP1's CPUOffload gives "
+                "incorrect gradients under gradient accumulation (torch documents it); use "
+                f"{role}.fsdp.strategy=fsdp2 with {role}.fsdp.offload_policy=true"
+            )
     offloads = ("param_offload", "offload_policy", "activation_offload", "optimizer_offload")
     for role in ("actor", "ref", "critic"):
         for key in offloads:
