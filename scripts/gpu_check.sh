@@ -73,7 +73,7 @@ ppo "$RUNS/gpu" "$ENGINE"
 mkdir -p "$RUNS/cpu" && cp -r "$RUNS/gpu/model" "$RUNS/cpu/model"
 echo "+ ppo $RUNS/cpu hf CUDA_VISIBLE_DEVICES="
 ppo "$RUNS/cpu" hf CUDA_VISIBLE_DEVICES=
-$PYTHON - "$RUNS" <<'EOF'
+$PYTHON - "$RUNS" "$PEAK_TFLOPS" <<'EOF'
 import json
 import math
 import sys
@@ -84,9 +84,15 @@ gpu, cpu = (
     [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
     for name in ("gpu", "cpu")
 )
+peak = float(sys.argv[2])
 for r in gpu[1:]:
     times = {k[9:]: round(v, 3) for k, v in r.items() if k.startswith("timing_s/")}
-    print(f"step {r['step']}: {times}; {r['perf/throughput']:.0f} tokens/s")
+    memory = r.get("perf/max_memory_allocated_gb", float("nan"))
+    mfu = r.get("perf/actor_update_tflops", float("nan")) / peak
+    print(
+        f"step {r['step']}: {times}; {r['perf/throughput']:.0f} tokens/s; peak allocated "
+        f"{memory:.2f} GiB; actor-update MFU {100 * mfu:.2f} % of {peak:g} TFLOP/s"
+    )
 # The engines sample differently, so compare what must agree: the same greedy validation of
 # the same starting weights, and finite training on both.
 assert all(math.isfinite(r["actor/grad_norm"]) for r in gpu[1:] + cpu[1:]), "non-finite"

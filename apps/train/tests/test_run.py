@@ -42,6 +42,8 @@ STEP_METRICS = (
         )
     ),
     "perf/throughput",
+    "perf/actor_update_tflops",
+    "perf/max_rss_gb",  # CPU; on CUDA perf/max_memory_{allocated,reserved}_gb
     "val/arithmetic/acc",
     "rollout/logprob_diff_mean",
 )

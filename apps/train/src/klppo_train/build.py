@@ -177,11 +177,9 @@ def build_components(
             "on-policy steps (one mini-batch, actor.ppo_epochs=1, no KL in reward): "
             "logπ_old = sg(logπ) in the update, no old-log-prob pass"
         )
-    actor = _sharded(
-        _load(cfg, AutoModelForCausalLM, model_dir, torch.float32),  # fp32 master weights
-        cfg.actor.fsdp,
-        compute,
-    )
+    actor = _load(cfg, AutoModelForCausalLM, model_dir, torch.float32)  # fp32 master weights
+    actor_params = sum(p.numel() for p in actor.parameters())
+    actor = _sharded(actor, cfg.actor.fsdp, compute)
     ref = _reference(cfg, model_dir, compute)
     critic, critic_opt = _critic(cfg, model_dir, compute) if cfg.critic.enable else (None, None)
     actor_opt = adamw(actor, cfg.actor.lr, cfg.actor.weight_decay)
@@ -201,4 +199,5 @@ def build_components(
         ref=ref,
         critic=critic,
         critic_optimizer=critic_opt,
+        actor_params=actor_params,
     )

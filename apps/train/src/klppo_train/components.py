@@ -40,6 +40,7 @@ class Components:
     ref: nn.Module | None = None
     critic: nn.Module | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
+    actor_params: int = 0  # of the full (unsharded) actor: the step's FLOP estimate
     timings: dict[str, float] = field(default_factory=dict)
 
 

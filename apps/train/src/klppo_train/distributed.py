@@ -101,13 +101,14 @@ MEANS = (
     "actor/reward_kl_penalty_coeff",
     "critic/vf_explained_var",  # computed over all ranks already
     "perf/throughput",
+    "perf/actor_update_tflops",
     "perf/dp_imbalance_before",
     "perf/dp_imbalance_after",
 )
 
 
 def _combine(name: str, values: list[float], tokens: list[float]) -> float:
-    if name.startswith("timing_s/") or name.endswith(("/max", "_max")):
+    if name.startswith(("timing_s/", "perf/max_")) or name.endswith(("/max", "_max")):
         return max(values)  # the slowest rank; the largest value anywhere
     if name.endswith(("/min", "_min")):
         return min(values)

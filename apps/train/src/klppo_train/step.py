@@ -10,6 +10,7 @@ all-reduce make the step equal to one process on the whole batch. Metrics are th
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -220,6 +221,8 @@ def ppo_step(
     weights ``version``."""
     c.timings.clear()
     step_start = time.perf_counter()
+    if default_device().type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     span = rank_span(len(items))
     items = items[span.start : span.stop]
     with timed(c, "gen"):
@@ -245,6 +248,24 @@ def ppo_step(
     metrics.update(balance)
     c.timings["timing_s/step"] = time.perf_counter() - step_start
     metrics.update(c.timings)
-    # verl's definition: tokens (prompt + response) per second per device.
-    metrics["perf/throughput"] = float(t.attention_mask.sum()) / c.timings["timing_s/step"]
+    metrics.update(_perf_metrics(c, t, cfg))
     return metrics
+
+
+def _perf_metrics(c: Components, t: RolloutTensors, cfg: AppConfig) -> dict[str, float]:
+    """verl's ``perf/throughput`` (prompt + response tokens per second per device), the actor
+    update's achieved TFLOP/s (6 · params · tokens · epochs, attention not counted: divide by
+    the device's peak for MFU) and peak memory (CUDA: allocated/reserved this step; CPU: the
+    process's peak RSS so far)."""
+    tokens = float(t.attention_mask.sum())
+    out = {"perf/throughput": tokens / c.timings["timing_s/step"]}
+    update = c.timings.get("timing_s/update_actor")
+    if update and c.actor_params:
+        flops = 6 * c.actor_params * tokens * cfg.actor.ppo_epochs
+        out["perf/actor_update_tflops"] = flops / update / 1e12
+    if default_device().type == "cuda":
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    else:
+        out["perf/max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out
