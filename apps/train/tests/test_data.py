@@ -18,7 +18,7 @@ from klppo_train.data import (
     read_rows,
     write_parquet,
 )
-from klppo_train.demo.tasks import gsm8k_rows, main, make_arithmetic_rows
+from klppo_train.demo.tasks import arithmetic_split, gsm8k_rows, main, make_arithmetic_rows
 
 # One token per character, so a prompt's length is the length of its rendered text.
 TEMPLATE = (
@@ -247,6 +247,43 @@ def test_arithmetic_rows() -> None:
     assert any(r["reward_model"]["ground_truth"].startswith("-") for r in rows)
     with pytest.raises(ValueError, match="ops must be from"):
         make_arithmetic_rows(3, seed=0, ops=("/",))
+
+
+def test_arithmetic_split_holds_out_its_validation_problems() -> None:
+    train, val = arithmetic_split(500, 120, seed=0, max_operand=12, ops=("+", "-", "*"))
+    question = [r["prompt"][0]["content"] for r in val]
+    assert len(val) == 120 and len(set(question)) == 120  # distinct problems
+    assert not set(question) & {r["prompt"][0]["content"] for r in train}  # never trained on
+    assert len(train) == 500
+    assert (train, val) == arithmetic_split(500, 120, seed=0, max_operand=12, ops=("+", "-", "*"))
+    with pytest.raises(ValueError, match="held-out problems of only 4"):
+        arithmetic_split(10, 4, seed=0, max_operand=1, ops=("+",))
+
+
+def test_data_source_writes_only_the_recipes_own_missing_files(tmp_path) -> None:
+    from klppo_train.config import load_config
+    from klppo_train.demo.prepare import prepare_data
+
+    run = tmp_path / "run"
+    own = [
+        f"data.train_files=[{run}/data/train.parquet]",
+        f"data.val_files=[{run}/data/val.parquet]",
+    ]
+    cfg = load_config(None, ["data.source=arithmetic_chat", f"trainer.run_dir={run}", *own])
+    prepare_data(cfg)
+    train, val = read_rows(run / "data/train.parquet"), read_rows(run / "data/val.parquet")
+    assert (len(train), len(val)) == (2000, 120) and train[0]["data_source"] == "arithmetic_chat"
+    elsewhere = tmp_path / "typo" / "train.parquet"
+    cfg = load_config(
+        None,
+        [
+            "data.source=arithmetic_chat",
+            f"trainer.run_dir={run}",
+            f"data.train_files=[{elsewhere}]",
+        ],
+    )
+    prepare_data(cfg)
+    assert not elsewhere.exists()  # a mistyped path stays an error (preflight), not data
 
 
 def test_arithmetic_cli_end_to_end(tmp_path, tokenizer) -> None:

@@ -7,6 +7,7 @@ import torch
 
 from klppo_train.rewards import (
     RewardManager,
+    arithmetic_final_number_score,
     arithmetic_score,
     extract_gsm8k_answer,
     gsm8k_score,
@@ -76,6 +77,26 @@ def test_arithmetic_score(solution, truth, expected) -> None:
     assert arithmetic_score(solution, truth) == expected
 
 
+@pytest.mark.parametrize(
+    ("solution", "expected"),
+    [
+        ("12", 1.0),
+        (" 12.\n", 1.0),
+        ("3 * 4 = 12", 1.0),
+        ("The answer is 12.", 1.0),
+        ("3 * 4 = 1,2", 1.0),  # thousands separators are dropped first
+        ("12 or 13", 0.0),  # the last number counts
+        ("-12", 0.0),
+        ("3 * 4 = 13", 0.0),
+        ("twelve", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_arithmetic_final_number_score(solution, expected) -> None:
+    assert arithmetic_final_number_score(solution, "12") == expected
+    assert RewardManager().score("arithmetic_chat", solution, "12", {}) == expected
+
+
 CUSTOM = """
 def length_reward(data_source, solution_str, ground_truth, extra_info):
     if solution_str == "boom":
@@ -114,7 +135,9 @@ def test_manager_dispatch(custom_file) -> None:
     assert manager.score("openai/gsm8k", "#### 7", "7", {}) == 1.0
     assert manager.score("gsm8k", "#### 8", "7", None) == 0.0
     assert manager.score("arithmetic", "7.", "7", {}) == 1.0
-    with pytest.raises(ValueError, match=r"data_source 'mine'.*\['arithmetic', 'gsm8k'"):
+    with pytest.raises(
+        ValueError, match=r"data_source 'mine'.*\['arithmetic', 'arithmetic_chat', 'gsm8k'"
+    ):
         manager.score("mine", "x", "y", {})
     custom = RewardManager(custom=f"{custom_file}:length_reward")
     assert custom.score("mine", "abc", "", {}) == pytest.approx(0.3)

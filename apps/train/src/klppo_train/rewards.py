@@ -1,7 +1,9 @@
 """Rule-based rewards, dispatched on a row's ``data_source``.
 
 Built in: ``"openai/gsm8k"`` / ``"gsm8k"`` (:func:`gsm8k_score`, verl's rule) and
-``"arithmetic"`` (:func:`arithmetic_score`). Anything else goes to a user function loaded
+``"arithmetic"`` (:func:`arithmetic_score`, exact), ``"arithmetic_chat"``
+(:func:`arithmetic_final_number_score`: the response's last number).
+Anything else goes to a user function loaded
 with :func:`load_custom_reward` from ``"path/to/file.py:function"``.
 """
 
@@ -85,6 +87,18 @@ def arithmetic_score(solution_str: str, ground_truth: str) -> float:
     return 1.0 if answer and answer == str(ground_truth).strip() else 0.0
 
 
+_NUMBER = re.compile(r"-?\d+")
+
+
+def arithmetic_final_number_score(solution_str: str, ground_truth: str) -> float:
+    """1.0 if the response's last number is the answer ("12", "3 * 4 = 12", "The answer is
+    12."), else 0.0 ("12 or 13" ends on 13). For a chat model that answers in sentences:
+    what is scored is being right, not the form (SmolLM2-135M-Instruct never answers with
+    the bare number, even sampled: 0 of 256 samples)."""
+    numbers = _NUMBER.findall(solution_str.replace(",", ""))
+    return 1.0 if numbers and numbers[-1] == str(ground_truth).strip() else 0.0
+
+
 def load_custom_reward(spec: str) -> RewardFn:
     """Load ``function`` from ``"path/to/file.py:function"``.
 
@@ -125,6 +139,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "openai/gsm8k": lambda ds, sol, gt, extra: gsm8k_score(sol, gt),
     "gsm8k": lambda ds, sol, gt, extra: gsm8k_score(sol, gt),
     "arithmetic": lambda ds, sol, gt, extra: arithmetic_score(sol, gt),
+    "arithmetic_chat": lambda ds, sol, gt, extra: arithmetic_final_number_score(sol, gt),
 }
 
 

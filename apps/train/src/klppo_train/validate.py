@@ -14,6 +14,8 @@ from klppo_train.algorithm import ADV_ESTIMATORS
 from klppo_train.allocator import check_allocator
 from klppo_train.attention import IMPLEMENTATIONS
 from klppo_train.config import AppConfig
+from klppo_train.demo.prepare import MODEL_SOURCES
+from klppo_train.demo.tasks import DATA_SOURCES
 from klppo_train.precision import DTYPES
 from klppo_train.schedule import SCHEDULES
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
@@ -29,6 +31,8 @@ CHOICES = {
     "rollout.engine": ("vllm", "hf"),
     "model.dtype": DTYPES,
     "model.attn_implementation": IMPLEMENTATIONS,
+    "model.source": ("", *MODEL_SOURCES),
+    "data.source": ("", *DATA_SOURCES),
 }
 
 

@@ -61,6 +61,45 @@ def make_arithmetic_rows(
     return rows
 
 
+def arithmetic_split(
+    n_train: int,
+    n_val: int,
+    seed: int,
+    max_operand: int,
+    ops: Sequence[str],
+    data_source: str = "arithmetic",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(train, val)`` rows of the worded question with **held-out** validation: the
+    ``n_val`` validation problems (distinct ``a op b``) never occur among the ``n_train``
+    training rows (drawn, with repeats, from the other problems)."""
+    problems = [
+        (a, op, b) for op in ops for a in range(max_operand + 1) for b in range(max_operand + 1)
+    ]
+    if n_val >= len(problems):
+        raise ValueError(f"arithmetic_split: {n_val} held-out problems of only {len(problems)}")
+    rng = random.Random(seed)
+    rng.shuffle(problems)
+    held_out, rest = problems[:n_val], problems[n_val:]
+
+    def row(i: int, a: int, op: str, b: int) -> dict[str, Any]:
+        answer = str(ARITHMETIC_OPS[op](a, b))
+        return _row(data_source, QUESTION.format(a=a, op=op, b=b), answer, {"index": i})
+
+    train = [row(i, *rng.choice(rest)) for i in range(n_train)]
+    return train, [row(i, *p) for i, p in enumerate(held_out)]
+
+
+# Built-in datasets a recipe can name as ``data.source``: written at the recipe's paths
+# (under ``trainer.run_dir/data``) when they are missing.
+DATA_SOURCES = {
+    # SmolLM2's task: sums, differences and products of 0..12, worded, scored on the
+    # response's last number (klppo_train.rewards.arithmetic_final_number_score).
+    "arithmetic_chat": lambda: arithmetic_split(
+        2000, 120, seed=0, max_operand=12, ops=("+", "-", "*"), data_source="arithmetic_chat"
+    ),
+}
+
+
 def _row(data_source: str, content: str, ground_truth: str, extra: dict) -> dict[str, Any]:
     return {
         "data_source": data_source,
