@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from batching import balance_across_ranks
+from batching import RankAssignment, balance_across_ranks
 from klppo_train.data import PromptItem
 from klppo_train.distributed import world_size
 from rollout import RolloutBatch, Sample
@@ -37,9 +37,11 @@ def _load(group: Group) -> int:
     return sum(len(item.prompt_ids) + len(s.response_token_ids) for s in samples)
 
 
-def _imbalance(loads: Sequence[int]) -> float:
-    mean = sum(loads) / len(loads)
-    return max(loads) / mean if mean else 1.0
+def _as_generated(counts: list[int], loads: list[int]) -> RankAssignment:
+    """The split the ranks generated with: rank r holds the next ``counts[r]`` groups."""
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    ranks = tuple(tuple(range(s, s + n)) for s, n in zip(starts, counts, strict=True))
+    return RankAssignment(ranks, tuple(sum(loads[i] for i in held) for held in ranks))
 
 
 def balance_rollouts(
@@ -54,12 +56,13 @@ def balance_rollouts(
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, _groups(items, batch))
     groups = [group for rank_groups in gathered for group in rank_groups]
-    before = [sum(_load(g) for g in rank_groups) for rank_groups in gathered]
-    assignment = balance_across_ranks([_load(g) for g in groups], world)
+    loads = [_load(g) for g in groups]
+    before = _as_generated([len(rank_groups) for rank_groups in gathered], loads)
+    assignment = balance_across_ranks(loads, world)
     mine = [groups[g] for g in assignment.ranks[dist.get_rank()]]
     samples = [replace(s, prompt_index=i) for i, (_, group) in enumerate(mine) for s in group]
     metrics = {
-        "perf/dp_imbalance_before": _imbalance(before),
+        "perf/dp_imbalance_before": before.imbalance,
         "perf/dp_imbalance_after": assignment.imbalance,
     }
     return [item for item, _ in mine], RolloutBatch(samples, batch.policy_version), metrics

@@ -38,13 +38,13 @@ def build_engine(cfg: AppConfig, model_dir: Path, tokenizer, precision: Precisio
     return VLLMEngine(model_dir, config)
 
 
-# Seeds of one step's requests: base(trainer.seed, step) * PROMPTS_PER_STEP + prompt index,
-# distinct for every (step, prompt) while a step has fewer prompts than this.
-PROMPTS_PER_STEP = 1_000_003
+# A step's seed is trainer.seed * STRIDE + step (distinct while runs have fewer steps than
+# this); its requests' are step seed * STRIDE + prompt index (while steps have fewer prompts).
+STRIDE = 1_000_003
 
 
 def _step_seed(cfg: AppConfig, step: int) -> int:
-    return cfg.trainer.seed * 1_000_003 + step
+    return cfg.trainer.seed * STRIDE + step
 
 
 def sampling_config(cfg: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
@@ -64,5 +64,5 @@ def request_seeds(cfg: AppConfig, step: int, prompts: range) -> list[int]:
     the whole step's batch): every request draws its own random stream (one seed for all
     gave duplicate prompts identical samples), and a prompt gets the same samples whichever
     rank generates it, so the samples do not change with the world size."""
-    base = _step_seed(cfg, step) * PROMPTS_PER_STEP
+    base = _step_seed(cfg, step) * STRIDE
     return [base + index for index in prompts]

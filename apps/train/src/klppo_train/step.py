@@ -1,11 +1,13 @@
 """One PPO step, in numbered stages, over components built elsewhere and passed in.
 
-generate → old log-probs → ref log-probs → values → scores → KL in reward → advantages →
-critic update → actor update → weight sync → metrics. Every stage is timed
-(``timing_s/<stage>``). Under torchrun every rank runs every stage on its own slice of the
-prompts (with all ``n`` samples of a prompt on one rank, so GRPO/RLOO groups stay whole);
-the losses' global token counts, FSDP's gradient reduction and the KL controller's
-all-reduce make the step equal to one process on the whole batch. Metrics are this rank's.
+generate (+ balance over ranks) → engine sleeps → old log-probs → ref log-probs → values →
+scores → KL in reward → advantages → critic update → actor update → engine wakes → weight
+sync → metrics. Every stage is timed (``timing_s/<stage>``). Under torchrun every rank runs
+every stage on its own share of the prompts (with all ``n`` samples of a prompt on one rank,
+so GRPO/RLOO groups stay whole); agreed micro-batch counts, the losses' global token counts,
+whitening over all ranks, FSDP's gradient reduction and the KL controller's all-reduce make
+the step equal to one process on the whole batch. The returned metrics are this rank's; the
+run logs them combined (``distributed.global_metrics``).
 """
 
 from __future__ import annotations
@@ -227,9 +229,8 @@ def ppo_step(
     items = items[span.start : span.stop]
     with timed(c, "gen"):
         items, t, balance = _generate(c, items, cfg, step, span)
-    with timed(
-        c, "sleep"
-    ):  # free the engine's GPU memory for the passes (verl's free_cache_engine)
+    # Free the engine's GPU memory for the passes (verl's free_cache_engine).
+    with timed(c, "sleep"):
         c.engine.sleep()
     passes = _forward_passes(c, t, cfg)
     with timed(c, "adv"):

@@ -53,14 +53,15 @@ def micro_batch_plan(
     ``sync_ranks``: every rank of ``group`` (default: the world, when a process group is
     initialized) gets the same number of budget micro-batches -- the largest any rank's own
     plan needs (:func:`~batching.sync_num_micro_batches`) -- as FSDP needs: each
-    micro-batch's forward is a collective. All ranks must then call it. Fixed-size plans
+    micro-batch's forward is a collective. All ranks must then call it. A given
+    ``num_micro_batches`` is taken as already agreed (no collective), and fixed-size plans
     are equal already when the ranks hold equal numbers of sequences.
     """
     if micro_batch_size is not None:
         return fixed_size_micro_batches(lengths, micro_batch_size)
-    if sync_ranks:
+    if sync_ranks and num_micro_batches is None:
         own = len(token_budget_micro_batches(lengths, max_tokens))
-        num_micro_batches = sync_num_micro_batches(max(own, num_micro_batches or 0), group)
+        num_micro_batches = sync_num_micro_batches(own, group)
     return token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
 
 
