@@ -15,7 +15,8 @@
 # vLLM on the GPU where installed, with sleep/wake around the update) against the same
 # steps on the CPU, printing per-phase times and tokens/s; then 3 steps of the SmolLM2
 # recipe on the GPU (it converts its model on first use; SMOL_MODEL=<dir> reuses one),
-# printing per-phase times, tokens/s, peak allocated memory and the actor-update MFU.
+# printing per-phase times, tokens/s, peak allocated memory and the actor-update MFU; then
+# benchmarks/budget_bench.py (auto token budgets beside a hand-set sweep, on the GPU).
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -129,5 +130,9 @@ for r in records[1:]:
         f"actor-update MFU {mfu:.2f} %; score {r['critic/score/mean']:.3f}"
     )
 EOF
+
+step "Token budgets on 1 GPU: auto (probe: fit of max_memory_allocated) vs a hand-set sweep"
+echo "+ $PYTHON benchmarks/budget_bench.py --repeats 2"
+$PYTHON benchmarks/budget_bench.py --repeats 2 || echo "budget_bench: a check failed (see above)"
 
 step "done"

@@ -59,7 +59,9 @@ def test_micro_batches_reproduce_the_full_batch_step(budget: int) -> None:
     )
     batch = make_batch()
     ours, ref = build_model(VOCAB, seed=0, hidden=64), build_model(VOCAB, seed=0, hidden=64)
-    metrics = actor_update_step(ours, torch.optim.SGD(ours.parameters(), lr=0.5), batch, cfg)
+    metrics = actor_update_step(
+        ours, torch.optim.SGD(ours.parameters(), lr=0.5), batch, cfg, max_tokens=budget
+    )
     reference_step(ref, batch, cfg)
     torch.optim.SGD(ref.parameters(), lr=0.5).step()
     for (name, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters(), strict=True):
@@ -91,7 +93,8 @@ def test_non_finite_gradient_skips_the_step() -> None:
         model,
         torch.optim.SGD(model.parameters(), lr=0.5),
         bad,
-        ActorConfig(ppo_max_token_len_per_gpu=1000),
+        ActorConfig(),
+        max_tokens=1000,
     )
     assert not math.isfinite(metrics["actor/grad_norm"])
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

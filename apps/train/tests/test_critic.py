@@ -46,7 +46,9 @@ def test_micro_batches_reproduce_the_full_batch_step(budget: int) -> None:
     cfg = CriticConfig(ppo_max_token_len_per_gpu=budget, grad_clip=1e9, cliprange_value=0.2)
     batch = make_batch()
     ours, ref = critic(), critic()
-    metrics = critic_update_step(ours, torch.optim.SGD(ours.parameters(), lr=0.5), batch, cfg)
+    metrics = critic_update_step(
+        ours, torch.optim.SGD(ours.parameters(), lr=0.5), batch, cfg, max_tokens=budget
+    )
     values = response_values(ref, batch.input_ids, batch.attention_mask, T, max_tokens=1000)
     loss, _ = value_loss(
         values, batch.old_values, batch.returns, batch.response_mask, clip_range=0.2
@@ -73,7 +75,7 @@ def test_optimizer_offload_keeps_the_state_in_host_memory_between_steps() -> Non
     model = critic().cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(2):  # the second step loads the offloaded state back first
-        critic_update_step(model, optimizer, batch, cfg)
+        critic_update_step(model, optimizer, batch, cfg, max_tokens=1000)
         states = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]
         assert states and all(t.device.type == "cpu" for t in states)
     assert next(model.parameters()).device.type == "cuda"

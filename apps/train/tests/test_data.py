@@ -260,6 +260,20 @@ def test_arithmetic_split_holds_out_its_validation_problems() -> None:
         arithmetic_split(10, 4, seed=0, max_operand=1, ops=("+",))
 
 
+def test_smollm2_task_asks_plainly_and_holds_out_its_validation() -> None:
+    from klppo_train.demo.tasks import DATA_SOURCES
+
+    train, val = DATA_SOURCES["arithmetic_chat"]()
+    assert (len(train), len(val)) == (2000, 120)
+    for row in (*train[:50], *val):
+        question = row["prompt"][0]["content"]
+        a, op, b = re.fullmatch(r"What is (\d+) ([-+*]) (\d+)\?", question).groups()
+        assert max(int(a), int(b)) <= 12 and row["data_source"] == "arithmetic_chat"
+        want = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+        assert row["reward_model"]["ground_truth"] == str(want)
+    assert not {r["prompt"][0]["content"] for r in val} & {r["prompt"][0]["content"] for r in train}
+
+
 def test_data_source_writes_only_the_recipes_own_missing_files(tmp_path) -> None:
     from klppo_train.config import load_config
     from klppo_train.demo.prepare import prepare_data

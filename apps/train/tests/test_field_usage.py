@@ -45,7 +45,8 @@ def _reads(tmp_path: Path, name: str, args: list[str]) -> set[str]:
 
 
 def _vllm_run(tmp_path: Path) -> list[str]:
-    """The embedded default's choices: GAE + critic, adaptive KL in the reward, budgets."""
+    """The embedded default's choices: GAE + critic, adaptive KL in the reward, budgets
+    (one of them ``auto``: probed, which reads ``trainer.memory_limit_gib``)."""
     run = tmp_path / "a"
     return [
         f"trainer.run_dir={run}",
@@ -60,6 +61,7 @@ def _vllm_run(tmp_path: Path) -> list[str]:
         "actor.ppo_mini_batch_size=4",
         "critic.ppo_mini_batch_size=4",
         "rollout.n=4",
+        "ref.log_prob_max_token_len_per_gpu=auto",
     ]
 
 

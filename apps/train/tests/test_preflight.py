@@ -69,6 +69,13 @@ CUSTOM_REWARD = "def score(data_source, solution_str, ground_truth, extra_info):
 
 BAD_CONFIGS = [
     (["actor.ppo_mini_batch_size=0"], "actor.ppo_mini_batch_size must be >= 1"),
+    (["actor.ppo_max_token_len_per_gpu=lots"], "actor.ppo_max_token_len_per_gpu='lots'"),
+    (["ref.log_prob_max_token_len_per_gpu=0"], "ref.log_prob_max_token_len_per_gpu must be"),
+    (["trainer.memory_limit_gib=-2"], "trainer.memory_limit_gib must be >= 0"),
+    (
+        ["critic.use_dynamic_bsz=false", "critic.ppo_max_token_len_per_gpu=auto"],
+        "critic.ppo_max_token_len_per_gpu=auto with critic.use_dynamic_bsz=false",
+    ),
     (["actor.ppo_mini_batch_size=-16"], "actor.ppo_mini_batch_size must be >= 1"),
     (["critic.ppo_mini_batch_size=0"], "critic.ppo_mini_batch_size must be >= 1"),
     (["actor.ppo_micro_batch_size_per_gpu=0"], "actor.ppo_micro_batch_size_per_gpu"),

@@ -7,6 +7,7 @@ import torch
 from transformers import Qwen2ForTokenClassification
 
 from klppo_train.algorithm import make_advantage_fn, make_kl_controller
+from klppo_train.budgets import budgets_from_config
 from klppo_train.components import Components
 from klppo_train.config import load_config
 from klppo_train.data import DataConfig, PromptDataset
@@ -57,6 +58,7 @@ def components(tokenizer) -> Components:
         ref=copy.deepcopy(actor).eval(),
         critic=critic,
         critic_optimizer=torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr),
+        budgets=budgets_from_config(cfg),
     )
 
 
@@ -119,6 +121,7 @@ def _step_with(extra: list[str], counted: str = "actor", grad: bool = False):
     _, c = components(tokenizer)
     cfg = load_config(None, [*OVERRIDES, *extra])
     validate_config(cfg)
+    c.budgets = budgets_from_config(cfg)
     items = PromptDataset(
         make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
     ).items

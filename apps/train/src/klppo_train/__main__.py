@@ -39,15 +39,22 @@ def main(argv: list[str] | None = None) -> int:
         log_allocator()
         checked = preflight(config, world_size, advice)
     except UserError as err:
-        if args.debug:
-            raise
-        print(f"klppo-train: error: {err}", file=sys.stderr)
-        return 2
+        return _user_error(err, args.debug)
     for line in checked.advice:
         log.info("token budgets: %s", line)
     log.info(versions())
-    train(config, checked)  # rank 0 prints the summary; summary.json is in the run directory
+    try:
+        train(config, checked)  # rank 0 prints the summary; summary.json is in the run dir
+    except UserError as err:  # found once the models exist: an auto budget that cannot fit
+        return _user_error(err, args.debug)
     return 0
+
+
+def _user_error(err: UserError, debug: bool) -> int:
+    if debug:
+        raise err
+    print(f"klppo-train: error: {err}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from torch import nn
 
 from klppo_train.config import ActorConfig
 from klppo_train.forward import response_logprobs
-from klppo_train.update import micro_batch_step, static_micro_batch_size
+from klppo_train.update import MicroLoss, micro_batch_step, static_micro_batch_size
 from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss
 from rollout import logprob_mismatch
 
@@ -74,21 +74,29 @@ def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, te
     return loss, metrics
 
 
+def actor_micro_loss(cfg: ActorConfig, temperature: float = 1.0) -> MicroLoss:
+    """The actor's loss on one micro-batch, as :mod:`klppo_train.update` calls it."""
+    return lambda model, mb, counts: _micro_batch_loss(model, mb, cfg, counts, temperature)
+
+
 def actor_update_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: PolicyBatch,
     cfg: ActorConfig,
     *,
+    max_tokens: int,
     temperature: float = 1.0,
 ) -> dict[str, float]:
-    """One optimizer step on this rank's part of a mini-batch; ``actor/*`` metrics."""
+    """One optimizer step on this rank's part of a mini-batch, in micro-batches of at most
+    ``max_tokens`` (the run's actor budget, :mod:`klppo_train.budgets`); ``actor/*``
+    metrics."""
     return micro_batch_step(
         model,
         optimizer,
         batch,
-        lambda m, mb, counts: _micro_batch_loss(m, mb, cfg, counts, temperature),
-        max_tokens=cfg.ppo_max_token_len_per_gpu,
+        actor_micro_loss(cfg, temperature),
+        max_tokens=max_tokens,
         micro_batch_size=static_micro_batch_size(
             cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu
         ),

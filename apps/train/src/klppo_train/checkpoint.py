@@ -2,8 +2,9 @@
 
 ``run_dir/checkpoints/global_step_<N>/`` holds ``actor/`` and ``critic/`` (sharded model +
 optimizer, :func:`fsdp_sharding.save_checkpoint`) and, with the actor, the trainer state:
-step, LR schedulers, KL coefficient, data-loader position and RNG states. A step directory
-is written under a temporary name and renamed into place when complete, so
+step, LR schedulers, KL coefficient, data-loader position, token budgets (as probed or
+backed off: a resumed run neither probes again nor forgets a halving) and RNG states. A
+step directory is written under a temporary name and renamed into place when complete, so
 ``resume_mode=auto`` only ever sees whole checkpoints; older ones beyond
 ``trainer.max_ckpt_to_keep`` are then deleted.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from fsdp_sharding import load_checkpoint, save_checkpoint
+from klppo_train.budgets import RunBudgets
 from klppo_train.components import Components
 from klppo_train.data import PromptLoader
 from klppo_train.distributed import barrier, is_main
@@ -48,6 +50,7 @@ def trainer_state(c: Components, schedulers: list, loader: PromptLoader, step: i
         "schedulers": [s.state_dict() for s in schedulers],
         "kl_coef": float(c.kl_controller.value),
         "loader": loader.state_dict(),
+        "budgets": c.budgets.state_dict() if c.budgets is not None else None,
         "rng": {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
@@ -107,6 +110,8 @@ def load_trainer_checkpoint(
         scheduler.load_state_dict(saved)
     c.kl_controller.value = state["kl_coef"]
     loader.load_state_dict(state["loader"])
+    if state.get("budgets") is not None:
+        c.budgets = RunBudgets.from_state(state["budgets"])
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     log.info("resumed from %s (step %d)", path, state["step"])

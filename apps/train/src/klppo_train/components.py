@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from klppo_train.algorithm import AdvantageFn
+from klppo_train.budgets import RunBudgets
 from klppo_train.rewards import RewardManager
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightSync
@@ -26,7 +27,9 @@ class Components:
     """The run's models, optimizers, engine and resolved choices (constructor injection).
 
     ``ref`` is None without a KL path, ``critic``/``critic_optimizer`` without a critic.
-    ``timings`` collects ``timing_s/<stage>`` of the current step.
+    ``budgets``: the token budgets in force (set before step 0: the config's numbers, the
+    probe's choice for ``auto``, or a checkpoint's). ``timings`` collects
+    ``timing_s/<stage>`` of the current step.
     """
 
     actor: nn.Module
@@ -41,6 +44,7 @@ class Components:
     critic: nn.Module | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     actor_params: int = 0  # of the full (unsharded) actor: the step's FLOP estimate
+    budgets: RunBudgets | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
 

@@ -62,7 +62,9 @@ class ActorConfig:
     ppo_mini_batch_size: int = 8
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = True
-    ppo_max_token_len_per_gpu: int = 4096
+    # Tokens per micro-batch, or auto: measured before step 0 (klppo_train.probe); the same
+    # for every budget. Halved on out-of-memory (klppo_train.budgets).
+    ppo_max_token_len_per_gpu: int | str = 4096
     ppo_epochs: int = 1
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -86,7 +88,7 @@ class RefConfig:
     # log_prob_micro_batch_size_per_gpu sequences
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_micro_batch_size_per_gpu: int = 16
-    log_prob_max_token_len_per_gpu: int = 8192
+    log_prob_max_token_len_per_gpu: int | str = 8192
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
 
 
@@ -96,7 +98,7 @@ class CriticConfig:
     ppo_mini_batch_size: int = 8
     use_dynamic_bsz: bool | None = None  # None = as actor.use_dynamic_bsz
     ppo_micro_batch_size_per_gpu: int = 8
-    ppo_max_token_len_per_gpu: int = 16384
+    ppo_max_token_len_per_gpu: int | str = 16384
     ppo_epochs: int = 1
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
@@ -124,7 +126,7 @@ class RolloutConfig:
     # The old-log-prob pass; None = as actor.use_dynamic_bsz
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_micro_batch_size_per_gpu: int = 16
-    log_prob_max_token_len_per_gpu: int = 8192
+    log_prob_max_token_len_per_gpu: int | str = 8192
     val_temperature: float = 0.0
 
 
@@ -173,6 +175,10 @@ class TrainerConfig:
     # auto: tcmalloc when the system has it (the command line re-executes itself with it
     # preloaded; ~18 % off a CPU step), else malloc | tcmalloc (required) | system
     allocator: str = "auto"
+    # The most memory the run's passes may bring the device to (CUDA: the GPU's memory in
+    # use; CPU: the machine's RAM in use), in GiB, for the auto token budgets. 0 = in use
+    # now + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.probe).
+    memory_limit_gib: float = 0.0
     # verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked).
     n_gpus_per_node: int = 0
     nnodes: int = 0

@@ -10,7 +10,7 @@ from torch import nn
 
 from klppo_train.config import CriticConfig
 from klppo_train.forward import response_values
-from klppo_train.update import micro_batch_step, static_micro_batch_size
+from klppo_train.update import MicroLoss, micro_batch_step, static_micro_batch_size
 from ppo_core import value_loss
 
 
@@ -46,16 +46,27 @@ def _micro_batch_loss(model: nn.Module, mb: ValueBatch, cfg: CriticConfig, count
     )
 
 
+def critic_micro_loss(cfg: CriticConfig) -> MicroLoss:
+    """The critic's loss on one micro-batch, as :mod:`klppo_train.update` calls it."""
+    return lambda model, mb, counts: _micro_batch_loss(model, mb, cfg, counts)
+
+
 def critic_update_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: ValueBatch, cfg: CriticConfig
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: ValueBatch,
+    cfg: CriticConfig,
+    *,
+    max_tokens: int,
 ) -> dict[str, float]:
-    """One optimizer step on this rank's part of a mini-batch; ``critic/*`` metrics."""
+    """One optimizer step on this rank's part of a mini-batch, in micro-batches of at most
+    ``max_tokens`` (the run's critic budget); ``critic/*`` metrics."""
     return micro_batch_step(
         model,
         optimizer,
         batch,
-        lambda m, mb, counts: _micro_batch_loss(m, mb, cfg, counts),
-        max_tokens=cfg.ppo_max_token_len_per_gpu,
+        critic_micro_loss(cfg),
+        max_tokens=max_tokens,
         micro_batch_size=static_micro_batch_size(
             cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu
         ),

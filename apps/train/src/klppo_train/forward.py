@@ -15,11 +15,13 @@ import torch
 from torch import nn
 
 from batching import PackedFn, Packing, next_token_labels, per_response_token
+from klppo_train.faults import FAULTS
 from ppo_core import logprobs_and_entropy
 
 
 def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
     def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        FAULTS.micro_batch()  # the OOM test hook (klppo_train.faults): nothing when unset
         logits = model(**packing.model_kwargs(), logits_to_keep=keep).logits[0]  # [K, V]
         labels, _ = next_token_labels(packing)
         logprobs, entropy = logprobs_and_entropy(logits, labels[0, keep], temperature, with_entropy)
@@ -29,6 +31,7 @@ def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
 
 
 def _values(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
+    FAULTS.micro_batch()
     return (model(**packing.model_kwargs()).logits[0, keep, 0].float(),)  # [K] of [1, nnz, 1]
 
 

@@ -24,6 +24,7 @@ from klppo_train.config import AppConfig
 from klppo_train.data import PromptDataset, read_rows
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.prepare import prepare_data, prepare_model
+from klppo_train.faults import FAULTS
 from klppo_train.hf_dirs import load_tokenizer
 from klppo_train.rewards import RewardManager
 from klppo_train.validate import validate_config
@@ -113,6 +114,7 @@ def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = No
         with user_errors():
             advice = validate_config(cfg, world_size)
     with user_errors():
+        FAULTS.reset_from_env()  # the test hook's variable, checked like a key
         prepare_model(cfg)
         prepare_data(cfg)
     tokenizer = _tokenizer(cfg)

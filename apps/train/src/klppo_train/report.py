@@ -67,10 +67,12 @@ class MetricsLog:
         last = self.records[-1]
         if any(k.startswith("val/") for k in last):
             self.last_val = _mean_acc(last)
-        shown = {
-            "score": f"{last.get('critic/score/mean', float('nan')):.2f}",
-            "kl": f"{last.get('actor/reward_kl_penalty', float('nan')):.3f}",
-        }
+        shown = {"score": f"{last.get('critic/score/mean', float('nan')):.2f}"}
+        # The KL to the reference where the run has one: in the reward, else in the loss.
+        for name in ("actor/reward_kl_penalty", "actor/kl_loss"):
+            if name in last:
+                shown["kl"] = f"{last[name]:.3f}"
+                break
         if self.last_val is not None:
             shown["val"] = f"{self.last_val:.2f}"
         return shown

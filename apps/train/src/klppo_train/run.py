@@ -3,7 +3,9 @@
 Numbered, as every rank runs it (``torchrun`` or one process):
   1. process group; rank 0 prepares the run directory (config copy, embedded data/model);
   2. build the components (sharded models, optimizers, engine, weight sync);
-  3. resume from a checkpoint (``trainer.resume_mode``) or validate the starting policy;
+  3. resume from a checkpoint (``trainer.resume_mode``; its token budgets too) or choose the
+     token budgets (``auto`` ones probed, :mod:`klppo_train.probe`) and validate the
+     starting policy;
   4. per step: ``ppo_step`` → LR schedulers → validation every ``test_freq`` → metrics →
      checkpoint every ``save_freq``;
   5. final checkpoint and HF export of the actor, plot and summary (rank 0).
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_sharding import export_hf
+from klppo_train.budgets import BUDGETS_FILE
 from klppo_train.build import build_components, ensure_model_dir, make_schedulers
 from klppo_train.checkpoint import (
     load_trainer_checkpoint,
@@ -39,6 +42,7 @@ from klppo_train.distributed import (
 )
 from klppo_train.engine import sampling_config
 from klppo_train.preflight import Checked, preflight
+from klppo_train.probe import choose_budgets
 from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
 from klppo_train.step import ppo_step
 
@@ -112,6 +116,18 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
             dist.destroy_process_group()
 
 
+def _token_budgets(c: Components, cfg: AppConfig, run_dir: Path) -> None:
+    """A checkpoint's budgets, else the config's with ``auto`` ones probed; in
+    ``run_dir/budgets.json`` (rank 0)."""
+    path = run_dir / BUDGETS_FILE if is_main() else None
+    if c.budgets is None:
+        c.budgets = choose_budgets(c, cfg, path)
+    else:
+        c.budgets.path = path
+        c.budgets.write()
+        log.info("token budgets from the checkpoint: %s", c.budgets.tokens)
+
+
 def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> list[dict]:
     """Resume or validate the start, then the PPO steps; the metrics records."""
     train_set, val_set = checked.train, checked.val
@@ -120,6 +136,7 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
     schedulers = make_schedulers(c, cfg, steps)
     resume_from = resolve_resume(run_dir, cfg.trainer.resume_mode)
     first = load_trainer_checkpoint(resume_from, c, schedulers, loader) if resume_from else 0
+    _token_budgets(c, cfg, run_dir)
     if first:
         c.weight_sync.sync(version=first)
     metrics_log = MetricsLog(run_dir, first, steps, enabled=is_main())

@@ -2,7 +2,9 @@
 
 generate (+ balance over ranks) → engine sleeps → old log-probs → ref log-probs → values →
 scores → KL in reward → advantages → critic update → actor update → engine wakes → weight
-sync → metrics. Every stage is timed (``timing_s/<stage>``). Under torchrun every rank runs
+sync → metrics. Every stage is timed (``timing_s/<stage>``). Each forward pass and update
+runs within its role's token budget (``c.budgets``) and, on out-of-memory, halves it and
+redoes the pass (:mod:`klppo_train.budgets`). Under torchrun every rank runs
 every stage on its own share of the prompts (with all ``n`` samples of a prompt on one rank,
 so GRPO/RLOO groups stay whole); agreed micro-batch counts, the losses' global token counts,
 whitening over all ranks, FSDP's gradient reduction and the KL controller's all-reduce make
@@ -24,6 +26,7 @@ from klppo_train.actor import PolicyBatch, actor_update_step
 from klppo_train.algorithm import advantage_metrics, explained_variance, kl_in_reward
 from klppo_train.balance import balance_rollouts
 from klppo_train.batch import RolloutTensors, rollout_tensors
+from klppo_train.budgets import PASS_ROLE, run_with_backoff, uses_budget
 from klppo_train.components import Components, timed
 from klppo_train.config import AppConfig
 from klppo_train.critic import ValueBatch, critic_update_step
@@ -76,21 +79,42 @@ def skips_old_log_prob_pass(cfg: AppConfig) -> bool:
 
 
 @torch.no_grad()
-def _no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, **kwargs):
+def no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, budget: int, **kwargs):
     """Response log-probs (and entropy with ``with_entropy=True``) of ``model`` on the batch,
-    micro-batched as ``role`` (``cfg.rollout`` or ``cfg.ref``) says."""
+    micro-batched within ``budget`` tokens or as ``role`` (``cfg.rollout``/``cfg.ref``)
+    fixes it."""
     return response_logprobs(
         model,
         t.input_ids,
         t.attention_mask,
         cfg.rollout.sampling.max_new_tokens,
         temperature=cfg.rollout.sampling.temperature,
-        max_tokens=role.log_prob_max_token_len_per_gpu,
+        max_tokens=budget,
         micro_batch_size=static_micro_batch_size(
             role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu
         ),
         **kwargs,
     )
+
+
+def no_grad_values(model, t: RolloutTensors, cfg: AppConfig, budget: int) -> torch.Tensor:
+    with torch.no_grad():
+        return response_values(
+            model,
+            t.input_ids,
+            t.attention_mask,
+            cfg.rollout.sampling.max_new_tokens,
+            max_tokens=budget,
+            micro_batch_size=static_micro_batch_size(
+                cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
+            ),
+        )
+
+
+def _pass(c: Components, cfg: AppConfig, name: str, step: int, run, reset=None):
+    """Run pass ``name`` within its role's budget, backing off on out-of-memory."""
+    dynamic = uses_budget(cfg, PASS_ROLE[name])
+    return run_with_backoff(c.budgets, name, step, run, dynamic=dynamic, reset=reset)
 
 
 @dataclass(frozen=True)
@@ -124,26 +148,26 @@ def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: 
     return items, tensors, balance
 
 
-def _forward_passes(c: Components, t: RolloutTensors, cfg: AppConfig) -> ForwardPasses:
+def _forward_passes(c: Components, t: RolloutTensors, cfg: AppConfig, step: int) -> ForwardPasses:
     old = entropy = ref = values = None
     if not skips_old_log_prob_pass(cfg):
         with timed(c, "old_log_prob"):
-            old, entropy = _no_grad_logprobs(c.actor, t, cfg, cfg.rollout, with_entropy=True)
+            old, entropy = _pass(
+                c, cfg, "old_log_prob", step,
+                lambda budget: no_grad_logprobs(
+                    c.actor, t, cfg, cfg.rollout, budget, with_entropy=True
+                ),
+            )  # fmt: skip
     if c.ref is not None:
         with timed(c, "ref"):
-            ref, _ = _no_grad_logprobs(c.ref, t, cfg, cfg.ref)
+            ref, _ = _pass(
+                c, cfg, "ref", step, lambda budget: no_grad_logprobs(c.ref, t, cfg, cfg.ref, budget)
+            )  # fmt: skip
     if c.critic is not None:
-        with timed(c, "values"), torch.no_grad():
-            values = response_values(
-                c.critic,
-                t.input_ids,
-                t.attention_mask,
-                cfg.rollout.sampling.max_new_tokens,
-                max_tokens=cfg.critic.ppo_max_token_len_per_gpu,
-                micro_batch_size=static_micro_batch_size(
-                    cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
-                ),
-            )
+        with timed(c, "values"):
+            values = _pass(
+                c, cfg, "values", step, lambda budget: no_grad_values(c.critic, t, cfg, budget)
+            )  # fmt: skip
     return ForwardPasses(old, entropy, ref, values)
 
 
@@ -164,8 +188,18 @@ def _advantages(c: Components, items, t: RolloutTensors, cfg: AppConfig, p: Forw
 
 def _update_critic(c: Components, t: RolloutTensors, p, returns, cfg: AppConfig, step: int):
     batch = ValueBatch(t.input_ids, t.attention_mask, t.response_mask, p.values, returns)
+
+    def update(mb: ValueBatch) -> dict[str, float]:
+        return _pass(
+            c, cfg, "update_critic", step,
+            lambda budget: critic_update_step(
+                c.critic, c.critic_optimizer, mb, cfg.critic, max_tokens=budget
+            ),
+            reset=lambda: c.critic_optimizer.zero_grad(set_to_none=True),
+        )  # fmt: skip
+
     return _epochs(
-        lambda mb: critic_update_step(c.critic, c.critic_optimizer, mb, cfg.critic),
+        update,
         batch,
         cfg.critic.ppo_epochs,
         cfg.critic.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
@@ -183,10 +217,19 @@ def _update_actor(c: Components, t: RolloutTensors, p, advantages, cfg: AppConfi
         p.ref,
         engine_logprobs=t.engine_logprobs if p.old is None else None,
     )
+
+    def update(mb: PolicyBatch) -> dict[str, float]:
+        return _pass(
+            c, cfg, "update_actor", step,
+            lambda budget: actor_update_step(
+                c.actor, c.actor_optimizer, mb, cfg.actor, max_tokens=budget,
+                temperature=cfg.rollout.sampling.temperature,
+            ),
+            reset=lambda: c.actor_optimizer.zero_grad(set_to_none=True),
+        )  # fmt: skip
+
     return _epochs(
-        lambda mb: actor_update_step(
-            c.actor, c.actor_optimizer, mb, cfg.actor, temperature=cfg.rollout.sampling.temperature
-        ),
+        update,
         batch,
         cfg.actor.ppo_epochs,
         cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
@@ -232,7 +275,8 @@ def ppo_step(
     # Free the engine's GPU memory for the passes (verl's free_cache_engine).
     with timed(c, "sleep"):
         c.engine.sleep()
-    passes = _forward_passes(c, t, cfg)
+    retries_before = c.budgets.oom_retries
+    passes = _forward_passes(c, t, cfg, step)
     with timed(c, "adv"):
         scores, advantages, returns, metrics = _advantages(c, items, t, cfg, passes)
     if c.critic is not None:
@@ -247,6 +291,8 @@ def ppo_step(
     metrics.update(_step_metrics(t, passes, scores, advantages, returns))
     metrics.update(c.rewards.metrics(reset=True))
     metrics.update(balance)
+    metrics.update(c.budgets.metrics())
+    metrics["perf/oom_retries"] = float(c.budgets.oom_retries - retries_before)
     c.timings["timing_s/step"] = time.perf_counter() - step_start
     metrics.update(c.timings)
     metrics.update(_perf_metrics(c, t, cfg))

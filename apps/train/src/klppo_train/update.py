@@ -54,23 +54,19 @@ def global_counts(response_mask: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def micro_batch_step(
+def accumulate_gradients(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
     batch: Any,
     micro_loss: MicroLoss,
     *,
     max_tokens: int,
     micro_batch_size: int | None = None,
-    grad_clip: float,
     prefix: str,
-    offload_optimizer: bool = False,
 ) -> dict[str, float]:
-    """Backward every micro-batch of ``batch`` (fields ``attention_mask``, ``response_mask``),
-    clip, step (skipped on a non-finite norm); ``{prefix}/*`` metrics, token-weighted (a
-    name with its own ``/`` is kept as is; ``*_max`` metrics take the maximum).
-    Micro-batches: within ``max_tokens``, or of ``micro_batch_size`` sequences (static).
-    ``offload_optimizer``: the optimizer state lives on CPU except during its step."""
+    """Backward every micro-batch of ``batch`` (fields ``attention_mask``,
+    ``response_mask``) into the gradients; ``{prefix}/*`` metrics, token-weighted (a name
+    with its own ``/`` is kept as is; ``*_max`` metrics take the maximum). Micro-batches:
+    within ``max_tokens``, or of ``micro_batch_size`` sequences (static)."""
     mask = batch.response_mask
     counts = global_counts(mask)
     # Every rank the same number of micro-batches: FSDP's collectives pair up.
@@ -85,6 +81,32 @@ def micro_batch_step(
         for name, value in metrics.items():
             share = 1.0 if name in SHARE_METRICS else weight
             _aggregate(totals, name if "/" in name else f"{prefix}/{name}", float(value), share)
+    return totals
+
+
+def micro_batch_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    micro_loss: MicroLoss,
+    *,
+    max_tokens: int,
+    micro_batch_size: int | None = None,
+    grad_clip: float,
+    prefix: str,
+    offload_optimizer: bool = False,
+) -> dict[str, float]:
+    """:func:`accumulate_gradients`, clip, step (skipped on a non-finite norm), zero the
+    gradients; the metrics with ``{prefix}/grad_norm``. ``offload_optimizer``: the
+    optimizer state lives on CPU except during its step."""
+    totals = accumulate_gradients(
+        model,
+        batch,
+        micro_loss,
+        max_tokens=max_tokens,
+        micro_batch_size=micro_batch_size,
+        prefix=prefix,
+    )
     grad_norm = clip_grad_norm(model, grad_clip)
     if torch.isfinite(grad_norm):
         if offload_optimizer:

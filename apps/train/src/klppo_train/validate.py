@@ -13,6 +13,8 @@ from fsdp_sharding import default_device
 from klppo_train.algorithm import ADV_ESTIMATORS
 from klppo_train.allocator import check_allocator
 from klppo_train.attention import IMPLEMENTATIONS
+from klppo_train.budgets import AUTO, DYNAMIC_KEYS, uses_budget
+from klppo_train.budgets import KEYS as BUDGET_KEYS
 from klppo_train.config import AppConfig
 from klppo_train.demo.prepare import MODEL_SOURCES
 from klppo_train.demo.tasks import DATA_SOURCES
@@ -49,16 +51,12 @@ def _positive_counts(cfg: AppConfig) -> list[tuple[str, bool, str]]:
     keys = [
         "actor.ppo_mini_batch_size",
         "actor.ppo_micro_batch_size_per_gpu",
-        "actor.ppo_max_token_len_per_gpu",
         "actor.ppo_epochs",
         "critic.ppo_mini_batch_size",
         "critic.ppo_micro_batch_size_per_gpu",
-        "critic.ppo_max_token_len_per_gpu",
         "critic.ppo_epochs",
         "ref.log_prob_micro_batch_size_per_gpu",
         "rollout.log_prob_micro_batch_size_per_gpu",
-        "ref.log_prob_max_token_len_per_gpu",
-        "rollout.log_prob_max_token_len_per_gpu",
         "trainer.total_epochs",
     ]
     return [(key, _get(cfg, key) >= 1, ">= 1") for key in keys]
@@ -82,6 +80,7 @@ NON_NEGATIVE = {
     "trainer.stop_at_step": ">= 0",
     "trainer.n_gpus_per_node": ">= 0 (0 = not checked)",
     "trainer.nnodes": ">= 0 (0 = not checked)",
+    "trainer.memory_limit_gib": ">= 0 (0 = from the free memory)",
 }
 # Keys that must be > 0.
 POSITIVE = (
@@ -117,6 +116,23 @@ def _check_ranges(cfg: AppConfig) -> None:
     for key, allowed in CHOICES.items():
         if _get(cfg, key) not in allowed:
             raise ValueError(f"{key}={_get(cfg, key)!r}; valid: {', '.join(allowed)}")
+
+
+def _check_budget_values(cfg: AppConfig) -> None:
+    """Each budget is a number of tokens >= 1 or ``auto`` (which needs a pass that is cut
+    by tokens: with fixed micro-batch sizes the budget is not read)."""
+    for role, key in BUDGET_KEYS.items():
+        value = _get(cfg, key)
+        if isinstance(value, str):
+            if value != AUTO:
+                raise ValueError(f"{key}={value!r}; valid: a number of tokens >= 1, or auto")
+            if not uses_budget(cfg, role):
+                raise ValueError(
+                    f"{key}=auto with {DYNAMIC_KEYS[role]}=false: fixed micro-batch sizes do "
+                    "not use a token budget"
+                )
+        elif value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value!r}")
 
 
 def _check_batch_sizes(cfg: AppConfig, world_size: int) -> None:
@@ -220,16 +236,17 @@ def _check_algorithm(cfg: AppConfig) -> None:
 
 def _check_token_budgets(cfg: AppConfig) -> list[str]:
     """The budgets' rules, for the passes that use one (``use_dynamic_bsz``)."""
+    # Passes with fixed micro-batch sizes do not read their budget; auto budgets are chosen
+    # later (never below one sequence) and stand in with values that raise no finding.
     static = {
         key
-        for key, dynamic in (
-            ("actor.ppo_max_token_len_per_gpu", cfg.actor.use_dynamic_bsz),
-            ("critic.ppo_max_token_len_per_gpu", cfg.critic.use_dynamic_bsz),
-            ("ref.log_prob_max_token_len_per_gpu", cfg.ref.log_prob_use_dynamic_bsz),
-            ("rollout.log_prob_max_token_len_per_gpu", cfg.rollout.log_prob_use_dynamic_bsz),
-        )
-        if dynamic is False
+        for role, key in BUDGET_KEYS.items()
+        if not uses_budget(cfg, role) or _get(cfg, key) == AUTO
     }
+    longest = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+
+    def number(key: str, stand_in: int) -> int:
+        return stand_in if _get(cfg, key) == AUTO else _get(cfg, key)
 
     def findings(log_prob_key: str) -> list[tuple[str, str]]:
         keys = {
@@ -240,9 +257,9 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
         found = check_token_budgets(
             cfg.data.max_prompt_length,
             cfg.rollout.sampling.max_new_tokens,
-            actor=cfg.actor.ppo_max_token_len_per_gpu,
-            log_prob=_get(cfg, log_prob_key),
-            critic=cfg.critic.ppo_max_token_len_per_gpu,
+            actor=number(keys["actor"], longest),
+            log_prob=number(log_prob_key, 2**40),
+            critic=number(keys["critic"], 2**40),
         )
         return [
             (f.level, f"{keys[f.key]}: {f.message}") for f in found if keys[f.key] not in static
@@ -271,6 +288,7 @@ def _check_resume(cfg: AppConfig) -> None:
 def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     """Raise ``ValueError`` naming the key(s) of the first problem; return advice to log."""
     _check_ranges(config)
+    _check_budget_values(config)
     _check_resume(config)
     _check_algorithm(config)
     _check_batch_sizes(config, world_size)

@@ -29,6 +29,10 @@ ARITHMETIC_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda 
 
 QUESTION = "What is {a} {op} {b}? Answer with just the number."
 COMPACT = "{a}{op}{b}="
+# SmolLM2's task asks as a user would: without "just the number" the model often explains at
+# length and goes wrong (greedy ~37 % right on 0..12), concise "a op b = c" answers are
+# right far more often (~60 %): a behaviour RL can find from the reward alone.
+PLAIN = "What is {a} {op} {b}?"
 
 
 def make_arithmetic_rows(
@@ -68,8 +72,9 @@ def arithmetic_split(
     max_operand: int,
     ops: Sequence[str],
     data_source: str = "arithmetic",
+    template: str = QUESTION,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(train, val)`` rows of the worded question with **held-out** validation: the
+    """``(train, val)`` rows asking ``template`` with **held-out** validation: the
     ``n_val`` validation problems (distinct ``a op b``) never occur among the ``n_train``
     training rows (drawn, with repeats, from the other problems)."""
     problems = [
@@ -83,7 +88,7 @@ def arithmetic_split(
 
     def row(i: int, a: int, op: str, b: int) -> dict[str, Any]:
         answer = str(ARITHMETIC_OPS[op](a, b))
-        return _row(data_source, QUESTION.format(a=a, op=op, b=b), answer, {"index": i})
+        return _row(data_source, template.format(a=a, op=op, b=b), answer, {"index": i})
 
     train = [row(i, *rng.choice(rest)) for i in range(n_train)]
     return train, [row(i, *p) for i, p in enumerate(held_out)]
@@ -92,10 +97,16 @@ def arithmetic_split(
 # Built-in datasets a recipe can name as ``data.source``: written at the recipe's paths
 # (under ``trainer.run_dir/data``) when they are missing.
 DATA_SOURCES = {
-    # SmolLM2's task: sums, differences and products of 0..12, worded, scored on the
-    # response's last number (klppo_train.rewards.arithmetic_final_number_score).
+    # SmolLM2's task: sums, differences and products of 0..12, asked plainly, scored on
+    # the response's last number (klppo_train.rewards.arithmetic_final_number_score).
     "arithmetic_chat": lambda: arithmetic_split(
-        2000, 120, seed=0, max_operand=12, ops=("+", "-", "*"), data_source="arithmetic_chat"
+        2000,
+        120,
+        seed=0,
+        max_operand=12,
+        ops=("+", "-", "*"),
+        data_source="arithmetic_chat",
+        template=PLAIN,
     ),
 }
 

@@ -1,0 +1,217 @@
+"""The run's per-device token budgets: resolved once, halved on out-of-memory, checkpointed.
+
+Four budgets, each a key that takes a number or ``auto`` (measured before step 0 by
+:mod:`klppo_train.probe`):
+
+====================================== ======== =====================================
+key                                    role     passes that use it
+====================================== ======== =====================================
+``actor.ppo_max_token_len_per_gpu``    actor    update_actor
+``critic.ppo_max_token_len_per_gpu``   critic   values, update_critic
+``ref.log_prob_max_token_len_per_gpu`` ref      ref
+``rollout.log_prob_max_token_len_...`` rollout  old_log_prob
+====================================== ======== =====================================
+
+OOM back-off (:func:`run_with_backoff`): a ``torch.OutOfMemoryError`` inside a pass frees
+what it can, halves that role's budget (never below one longest sequence, the rule's
+minimum), re-plans the same batch and runs the pass again from its start. Losses are exact
+global token-means, so the result is what the smaller budget would have given from the
+start, up to float summation order. The new budget stays for the rest of the run and goes
+into ``run_dir/budgets.json`` and the checkpoints.
+
+Under torchrun the back-off is exact when every rank raises at the same point (the fault
+hook, :mod:`klppo_train.faults`, does); a real OOM on one rank alone leaves the others
+waiting in a collective, which this cannot mend.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from klppo_train.faults import FAULTS
+
+log = logging.getLogger("klppo_train")
+T = TypeVar("T")
+
+AUTO = "auto"
+BUDGETS_FILE = "budgets.json"  # in the run directory
+KEYS = {
+    "actor": "actor.ppo_max_token_len_per_gpu",
+    "critic": "critic.ppo_max_token_len_per_gpu",
+    "ref": "ref.log_prob_max_token_len_per_gpu",
+    "rollout": "rollout.log_prob_max_token_len_per_gpu",
+}
+PASS_ROLE = {
+    "old_log_prob": "rollout",
+    "ref": "ref",
+    "values": "critic",
+    "update_actor": "actor",
+    "update_critic": "critic",
+}
+
+
+def configured(cfg: Any, role: str) -> int | str:
+    """The role's budget as the config gives it: a number or ``"auto"``."""
+    section, name = KEYS[role].split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+DYNAMIC_KEYS = {
+    "actor": "actor.use_dynamic_bsz",
+    "critic": "critic.use_dynamic_bsz",
+    "ref": "ref.log_prob_use_dynamic_bsz",
+    "rollout": "rollout.log_prob_use_dynamic_bsz",
+}
+
+
+def uses_budget(cfg: Any, role: str) -> bool:
+    """Whether the role's passes are cut by its budget (``use_dynamic_bsz``), not by a fixed
+    number of sequences."""
+    section, name = DYNAMIC_KEYS[role].split(".")
+    return getattr(getattr(cfg, section), name) is not False
+
+
+def longest_sequence(cfg: Any) -> int:
+    """The rule's minimum: a micro-batch must hold one prompt + response of full length."""
+    return cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+
+
+@dataclass
+class Backoff:
+    """One halving: where it happened and what the budget became."""
+
+    step: int
+    pass_name: str
+    role: str
+    old: int
+    new: int
+    error: str
+
+
+@dataclass
+class RunBudgets:
+    """The budgets in force, per role (``tokens``), and how they came to be.
+
+    ``source`` says per role ``"config"``, ``"auto"`` (probed) or ``"checkpoint"``;
+    ``probe`` holds what the probe measured and fitted (None when nothing was probed).
+    """
+
+    tokens: dict[str, int]
+    minimum: int
+    source: dict[str, str] = field(default_factory=dict)
+    probe: dict[str, Any] | None = None
+    oom_retries: int = 0
+    backoffs: list[Backoff] = field(default_factory=list)
+    path: Path | None = None  # budgets.json, written by rank 0 (None: not written)
+
+    def __getitem__(self, role: str) -> int:
+        return self.tokens[role]
+
+    def back_off(self, pass_name: str, step: int, error: str) -> int:
+        """Halve the budget of ``pass_name``'s role; return it. Raises ``torch.OutOfMemoryError``
+        naming the key when the budget is at the minimum already."""
+        role = PASS_ROLE[pass_name]
+        old = self.tokens[role]
+        if old <= self.minimum:
+            raise torch.OutOfMemoryError(
+                f"{pass_name} (step {step}) is out of memory at {KEYS[role]}={old}, the "
+                f"minimum (one sequence of max_prompt_length + response_length = "
+                f"{self.minimum} tokens): shorten data.max_prompt_length or "
+                f"rollout.response_length, turn on gradient checkpointing or offloading, or "
+                f"use more devices. The error: {error}"
+            )
+        new = max(old // 2, self.minimum)
+        self.tokens[role] = new
+        self.oom_retries += 1
+        self.backoffs.append(Backoff(step, pass_name, role, old, new, error[:300]))
+        log.warning(
+            "out of memory in %s (step %d): %s %d -> %d, pass redone", pass_name, step,
+            KEYS[role], old, new,
+        )  # fmt: skip
+        self.write()
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        state = asdict(self)
+        state.pop("path")
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], path: Path | None = None) -> RunBudgets:
+        """What :meth:`state_dict` saved (a checkpoint's), as now in force."""
+        return cls(
+            tokens=dict(state["tokens"]),
+            minimum=int(state["minimum"]),
+            source={role: "checkpoint" for role in state["tokens"]},
+            probe=state.get("probe"),
+            oom_retries=int(state.get("oom_retries", 0)),
+            backoffs=[Backoff(**b) for b in state.get("backoffs", [])],
+            path=path,
+        )
+
+    def write(self) -> None:
+        """``budgets.json`` (temporary file, then rename: never half-written)."""
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.state_dict(), indent=2))
+        os.replace(tmp, self.path)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"perf/token_budget/{role}": float(n) for role, n in self.tokens.items()}
+
+
+def budgets_from_config(cfg: Any, path: Path | None = None) -> RunBudgets:
+    """The config's budgets as numbers (``auto`` ones need the probe:
+    :func:`klppo_train.probe.choose_budgets`)."""
+    tokens = {role: configured(cfg, role) for role in KEYS}
+    auto = [KEYS[role] for role, value in tokens.items() if value == AUTO]
+    if auto:
+        raise ValueError(f"{', '.join(auto)}=auto: chosen by klppo_train.probe.choose_budgets")
+    source = {role: "config" for role in KEYS}
+    return RunBudgets(tokens, longest_sequence(cfg), source, path=path)
+
+
+def release_memory() -> None:
+    """Give back what an interrupted pass left: Python garbage, the CUDA cache."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_with_backoff(
+    budgets: RunBudgets,
+    pass_name: str,
+    step: int,
+    run: Callable[[int], T],
+    *,
+    dynamic: bool = True,
+    reset: Callable[[], None] | None = None,
+) -> T:
+    """``run(budget)`` for ``pass_name``; on ``torch.OutOfMemoryError``: release memory,
+    ``reset()`` (an update zeroes its gradients, so the optimizer sees one step), halve the
+    budget and run again. ``dynamic=False`` (fixed micro-batch sizes: no budget to lower)
+    lets the error through. Each retry is one count of ``budgets.oom_retries``."""
+    while True:
+        with FAULTS.in_pass(step, pass_name):
+            try:
+                return run(budgets[PASS_ROLE[pass_name]])
+            except torch.OutOfMemoryError as err:
+                if not dynamic:
+                    raise
+                error = str(err).splitlines()[0] if str(err) else "out of memory"
+        # Outside the except block: its traceback (and the activations its frames hold)
+        # is gone before memory is released and the pass runs again.
+        release_memory()
+        if reset is not None:
+            reset()
+        budgets.back_off(pass_name, step, error)

@@ -1,0 +1,283 @@
+"""Token budgets: the OOM back-off (through the fault hook, in real passes), the config's
+``auto``, and the probe's measuring and choosing (a real tiny model)."""
+
+import copy
+
+import pytest
+import torch
+from test_step import OVERRIDES, components
+from train_testing import prompt_response_batch
+
+from klppo_train.actor import PolicyBatch, actor_update_step
+from klppo_train.budgets import KEYS, RunBudgets, budgets_from_config, run_with_backoff
+from klppo_train.config import ActorConfig, load_config
+from klppo_train.demo.embedded import build_model, build_tokenizer
+from klppo_train.faults import FAULTS, parse_faults
+from klppo_train.forward import response_logprobs
+from klppo_train.preflight import UserError
+from klppo_train.probe import ProbePoint, choose, choose_budgets, fit_memory, series
+from klppo_train.validate import validate_config
+
+P, T, VOCAB = 6, 4, 64
+ROWS = 8  # sequences of P + T = 10 tokens at most
+
+
+@pytest.fixture(autouse=True)
+def no_faults():
+    FAULTS.reset("")
+    yield
+    FAULTS.reset("")
+
+
+def batch():
+    gen = torch.Generator().manual_seed(0)
+    lens = [6, 3, 5, 6, 2, 6, 4, 6]
+    return prompt_response_batch(lens, [4, 2, 4, 1, 3, 4, 4, 2], P, T, VOCAB, generator=gen)
+
+
+def budgets(actor=40, rollout=40, minimum=10) -> RunBudgets:
+    tokens = {"actor": actor, "critic": 40, "ref": 40, "rollout": rollout}
+    return RunBudgets(tokens, minimum)
+
+
+def test_fault_specs_are_checked() -> None:
+    assert parse_faults("2:ref:0, 3:update_actor:5") == {(2, "ref", 0), (3, "update_actor", 5)}
+    assert parse_faults("") == set()
+    for bad in ("2:ref", "x:ref:0", "2:refs:0", "2:ref:-1"):
+        with pytest.raises(ValueError, match="KLPPO_FAULT_OOM"):
+            parse_faults(bad)
+
+
+def test_forward_pass_backs_off_and_equals_the_smaller_budget() -> None:
+    model = build_model(VOCAB, seed=0, hidden=64)
+    ids, mask = batch()
+    state = budgets(rollout=40)
+
+    def run(budget: int) -> torch.Tensor:
+        with torch.no_grad():
+            return response_logprobs(model, ids, mask, T, max_tokens=budget)[0]
+
+    FAULTS.reset("3:old_log_prob:1")  # the second micro-batch of step 3's pass
+    assert torch.equal(run_with_backoff(state, "old_log_prob", 2, run), run(40))  # not due
+    backed_off = run_with_backoff(state, "old_log_prob", 3, run)
+    assert state.tokens["rollout"] == 20 and state.oom_retries == 1 and FAULTS.raised == 1
+    torch.testing.assert_close(backed_off, run(20), rtol=0, atol=1e-6)
+    assert [(b.step, b.pass_name, b.old, b.new) for b in state.backoffs] == [
+        (3, "old_log_prob", 40, 20)
+    ]
+
+
+def test_update_backs_off_with_exactly_one_optimizer_step() -> None:
+    ids, mask = batch()
+    gen = torch.Generator().manual_seed(1)
+    policy = PolicyBatch(
+        ids, mask, mask[:, P:], torch.randn(ROWS, T, generator=gen) - 2,
+        torch.randn(ROWS, T, generator=gen),
+    )  # fmt: skip
+
+    def train(budget_state: RunBudgets, step: int):
+        model = build_model(VOCAB, seed=0, hidden=64)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        run_with_backoff(
+            budget_state, "update_actor", step,
+            lambda budget: actor_update_step(
+                model, optimizer, policy, ActorConfig(), max_tokens=budget
+            ),
+            reset=lambda: optimizer.zero_grad(set_to_none=True),
+        )  # fmt: skip
+        return model, optimizer
+
+    FAULTS.reset("1:update_actor:1")  # after the first micro-batch's backward
+    injected, optimizer = train(budgets(actor=40), step=1)
+    assert FAULTS.raised == 1
+    assert all(int(s["step"]) == 1 for s in optimizer.state.values())  # one step, not two
+    direct, _ = train(budgets(actor=20), step=1)
+    for a, b in zip(injected.parameters(), direct.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_back_off_stops_at_one_sequence_and_names_the_key() -> None:
+    state = budgets(actor=24, minimum=10)
+    assert state.back_off("update_actor", 1, "oom") == 12
+    assert state.back_off("update_actor", 1, "oom") == 10  # never below the minimum
+    with pytest.raises(torch.OutOfMemoryError, match="actor.ppo_max_token_len_per_gpu=10"):
+        state.back_off("update_actor", 1, "oom")
+
+
+def test_fixed_micro_batch_sizes_let_the_error_through() -> None:
+    state = budgets()
+
+    def run(budget: int):
+        raise torch.OutOfMemoryError("real")
+
+    with pytest.raises(torch.OutOfMemoryError, match="real"):
+        run_with_backoff(state, "ref", 1, run, dynamic=False)
+    assert state.oom_retries == 0
+
+
+def test_budgets_json_is_written_on_every_change(tmp_path) -> None:
+    import json
+
+    state = budgets()
+    state.path = tmp_path / "budgets.json"
+    state.write()
+    assert json.loads(state.path.read_text())["tokens"]["actor"] == 40
+    state.back_off("update_actor", 2, "oom")
+    saved = json.loads(state.path.read_text())
+    assert saved["tokens"]["actor"] == 20 and saved["oom_retries"] == 1
+    again = RunBudgets.from_state(saved)
+    assert again.tokens == state.tokens and again.backoffs == state.backoffs
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+# ----------------------------------------------------------------- config and auto
+
+
+def test_auto_is_a_budget_value_and_nothing_else_is() -> None:
+    auto = [f"{key}=auto" for key in KEYS.values()]
+    cfg = load_config(None, [*OVERRIDES, *auto])
+    validate_config(cfg)
+    with pytest.raises(ValueError, match="auto"):
+        budgets_from_config(cfg)
+    bad = [
+        ("actor.ppo_max_token_len_per_gpu=lots", "actor.ppo_max_token_len_per_gpu='lots'"),
+        ("critic.ppo_max_token_len_per_gpu=0", "critic.ppo_max_token_len_per_gpu must be >= 1"),
+        ("trainer.memory_limit_gib=-1", "trainer.memory_limit_gib must be >= 0"),
+    ]
+    for override, message in bad:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            validate_config(load_config(None, [*OVERRIDES, override]))
+    static = ["actor.use_dynamic_bsz=false", "actor.ppo_max_token_len_per_gpu=auto"]
+    with pytest.raises(ValueError, match="auto with actor.use_dynamic_bsz=false"):
+        validate_config(load_config(None, [*OVERRIDES, *static]))
+
+
+def test_series_fit_and_choice() -> None:
+    assert series(10, 80) == [10, 20, 40, 80] and series(10, 50) == [10, 20, 40, 50]
+    assert series(10, 10) == [10]
+    rates = ((100, 50), (200, 90), (400, 93))  # tokens/s rising, then flat
+    points = [ProbePoint(b, b / r, 0.5 + 0.001 * b) for b, r in rates]
+    a, b = fit_memory(points, quadratic=False)
+    assert a == pytest.approx(0.5) and b == pytest.approx(0.001)
+    # CPU: 200 still gains 80 %, 400 only 3 %: the knee is 200
+    assert choose(points, [a, b], allowance=10.0, cap=400, cpu=True) == 200
+    # memory: 400 tokens would need 0.9 GiB
+    assert choose(points, [a, b], allowance=0.8, cap=400, cpu=False) == 200
+    # CUDA: everything measured fits, so the fit extends it up to the allowance (1.05 GiB
+    # at 550 tokens) or the cap
+    assert choose(points, [a, b], allowance=1.05, cap=10_000, cpu=False) in (549, 550)
+    assert choose(points, [a, b], allowance=1.05, cap=450, cpu=False) == 450
+    assert choose(points, [a, b], allowance=0.1, cap=400, cpu=True) == 0  # nothing fits
+    # CPU, still rising at the last point measured (the probe stopped for its cost): the
+    # fit carries it on up to the cap (or the allowance)
+    rising = points[:2]
+    assert choose(rising, [a, b], allowance=10.0, cap=1000, cpu=True) == 1000
+    assert choose(rising, [a, b], allowance=0.75, cap=1000, cpu=True) in (249, 250)
+
+
+def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:
+    tokenizer = build_tokenizer()
+    auto = [f"{key}=auto" for key in KEYS.values()]
+    cfg, c = components(tokenizer)
+    cfg = load_config(None, [*OVERRIDES, *auto])
+    weights = copy.deepcopy(c.actor.state_dict())
+    rng = torch.get_rng_state()
+    chosen = choose_budgets(c, cfg, tmp_path / "budgets.json")
+    minimum = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    assert set(chosen.tokens) == set(KEYS) and min(chosen.tokens.values()) >= minimum
+    assert chosen.source == {role: "auto" for role in KEYS}
+    for role in KEYS:
+        found = chosen.probe["roles"][role]
+        measured = [p["budget"] for p in found["points"]]
+        assert measured[0] == minimum and measured == sorted(measured)
+        # a measured budget, or (still rising when the probe stopped) the fit's, up to the cap
+        assert chosen.tokens[role] in measured or measured[-1] < chosen.tokens[role] <= found["cap"]
+        assert all(p["seconds"] > 0 and p["memory_gib"] >= 0 for p in found["points"])
+    # actor: 2 prompts × 2 samples per mini-batch; old/ref log-probs: all 8 samples
+    assert chosen.probe["roles"]["actor"]["cap"] == 4 * minimum
+    assert chosen.probe["roles"]["ref"]["cap"] == 8 * minimum
+    assert (tmp_path / "budgets.json").is_file()
+    assert torch.equal(torch.get_rng_state(), rng)
+    for name, value in c.actor.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    assert all(p.grad is None for p in c.actor.parameters())
+    assert all(p.grad is None for p in c.critic.parameters())
+
+
+def test_a_memory_limit_that_one_sequence_cannot_meet_fails_naming_the_key() -> None:
+    tokenizer = build_tokenizer()
+    _, c = components(tokenizer)
+    cfg = load_config(
+        None, [*OVERRIDES, "actor.ppo_max_token_len_per_gpu=auto", "trainer.memory_limit_gib=0.5"]
+    )
+    with pytest.raises(UserError, match="actor.ppo_max_token_len_per_gpu=auto.*memory_limit"):
+        choose_budgets(c, cfg)
+
+
+# ------------------------------------------------------------------ whole runs
+
+# The embedded default at test size (test_run.overrides): 8 prompts × 4 samples of ≤ 28
+# tokens. One fault per pass; where the back-off ends: actor 512 → 256, critic 1024 → 512
+# → 256, ref 1024 → 512, rollout 8192 → 4096.
+FAULTS_SPEC = "2:update_actor:1,3:ref:0,4:values:0,5:old_log_prob:0,5:update_critic:0"
+BACKED_OFF = {
+    "actor.ppo_max_token_len_per_gpu": 256,
+    "critic.ppo_max_token_len_per_gpu": 256,
+    "ref.log_prob_max_token_len_per_gpu": 512,
+    "rollout.log_prob_max_token_len_per_gpu": 4096,
+}
+
+
+@pytest.mark.slow  # three short runs of the embedded default (HF engine)
+def test_injected_ooms_give_the_run_of_the_backed_off_budgets(tmp_path, monkeypatch) -> None:
+    """Faults in every pass, with a stop and a resume in between: every step runs, each
+    fault is one retry, the halved budgets survive the resume (from the checkpoint, no
+    probe), and the metrics equal a run that had the backed-off budgets from the start."""
+    import json
+    import math
+
+    from test_run import overrides, read_records
+
+    from klppo_train.__main__ import main
+
+    injected, direct = tmp_path / "injected", tmp_path / "direct"
+    common = ["trainer.save_freq=3", "trainer.test_freq=3"]
+    start = [*overrides(injected, steps=6), *common, "rollout.log_prob_max_token_len_per_gpu=8192"]
+    monkeypatch.setenv("KLPPO_FAULT_OOM", FAULTS_SPEC)
+    assert main([*start, "trainer.stop_at_step=3"]) == 0
+    assert main(start) == 0  # resumes at step 4
+    monkeypatch.delenv("KLPPO_FAULT_OOM")
+    assert (
+        main([*overrides(direct, steps=6), *common, *(f"{k}={v}" for k, v in BACKED_OFF.items())])
+        == 0
+    )
+    saved = json.loads((injected / "budgets.json").read_text())
+    assert {KEYS[role]: n for role, n in saved["tokens"].items()} == BACKED_OFF
+    assert saved["oom_retries"] == 5 and len(saved["backoffs"]) == 5
+    assert set(saved["source"].values()) == {"checkpoint"}  # the resumed run's
+    a, b = read_records(injected), read_records(direct)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(7))
+    assert sum(r.get("perf/oom_retries", 0) for r in a) == 5
+    assert [r["perf/token_budget/actor"] for r in a[1:]] == [512, 256, 256, 256, 256, 256]
+    for x, y in zip(a, b, strict=True):
+        for key in x:
+            if key.startswith(("timing_s/", "perf/")):
+                continue
+            assert math.isclose(x[key], y[key], rel_tol=1e-5, abs_tol=1e-5), (x["step"], key)
+
+
+@pytest.mark.slow  # builds the embedded model (short warm-up) before the probe can fail
+def test_an_unmeetable_memory_limit_stops_the_run_before_step_0(tmp_path, capsys) -> None:
+    from test_run import overrides
+
+    from klppo_train.__main__ import main
+
+    run = tmp_path / "run"
+    args = [*overrides(run), "actor.ppo_max_token_len_per_gpu=auto", "trainer.memory_limit_gib=0.5"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("klppo-train: error: ") and "Traceback" not in err, err[-3000:]
+    assert "actor.ppo_max_token_len_per_gpu=auto" in last
+    assert "trainer.memory_limit_gib=0.5" in last
+    assert not (run / "metrics.jsonl").exists()  # no step ran, not even validation

@@ -1,0 +1,131 @@
+"""Token budgets for SmolLM2-135M-Instruct on this machine: a sweep of hand-set budgets per
+role beside what ``auto`` chooses.
+
+    ./uvw run python benchmarks/budget_bench.py [--repeats 3]
+
+The ``smollm2_arith`` recipe's shapes (prompts ≤ 64 tokens + 24 response tokens, 16 prompts ×
+4 samples, one mini-batch) with every budget ``auto``: the models are built as a run builds
+them (FSDP, ``model.dtype`` as the recipe says; the HF engine instead of vLLM, which the
+budgets do not touch), then ``klppo_train.probe.choose_budgets`` chooses as at a run's start
+(its seconds are the probe's cost). The sweep then measures each role's real pass --
+actor/critic forward + backward, old/ref log-prob forwards -- at every budget of the series
+(L, 2L, 4L, ... up to the role's cap) ``--repeats`` times with the probe's own measurement
+(median seconds, largest peak memory growth; CPU: peak RSS, CUDA: max_memory_allocated).
+
+Checks, as issue 14 states them: the auto budget's throughput is within 20 % of the best in
+the sweep, and its peak memory is under the allowance. Prints the table and writes
+``benchmarks/results/budget_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from _results import RESULTS_DIR, write_results
+from ppo_step_bench import RECIPE, prepare
+
+from klppo_train.budgets import KEYS, longest_sequence
+from klppo_train.build import build_components
+from klppo_train.config import load_config
+from klppo_train.distributed import init_distributed
+from klppo_train.measure import PassMeter, memory_allowance
+from klppo_train.preflight import preflight
+from klppo_train.probe import SyntheticBatch, cap_tokens, choose_budgets, role_pass, series
+
+RESULTS = RESULTS_DIR / "budget_bench.json"
+WITHIN = 0.8  # auto's tokens/s ≥ 80 % of the sweep's best
+
+
+def sweep(c, cfg, role: str, repeats: int) -> list[dict]:
+    run, minimum = role_pass(c, cfg, role), longest_sequence(cfg)
+    vocab = len(c.tokenizer)
+    warm_up = SyntheticBatch.make(cfg, 1, vocab, seed=0)
+    run(warm_up, minimum)
+    measure = PassMeter()
+    rows = []
+    for budget in series(minimum, cap_tokens(cfg, role)):
+        batch = SyntheticBatch.make(cfg, budget // minimum, vocab, seed=budget)
+        points = [measure(lambda: run(batch, budget), budget) for _ in range(repeats)]  # noqa: B023
+        seconds = statistics.median(p.seconds for p in points)
+        memory = max(p.memory_gib for p in points)
+        rows.append({"budget": budget, "tokens_per_s": budget / seconds, "memory_gib": memory})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the probe's own table
+    model, data = prepare()
+    with tempfile.TemporaryDirectory(prefix="budget_bench_") as tmp:
+        cfg = load_config(
+            RECIPE,
+            [
+                f"model.path={model}",
+                f"data.train_files=[{data / 'train.parquet'}]",
+                f"data.val_files=[{data / 'val.parquet'}]",
+                f"trainer.run_dir={tmp}",
+                "rollout.engine=hf",
+                *(f"{key}=auto" for key in KEYS.values()),
+            ],
+        )
+        checked = preflight(cfg)
+        init_distributed()
+        c = build_components(cfg, model, checked.tokenizer, checked.rewards)
+        chosen = choose_budgets(c, cfg, Path(tmp) / "budgets.json")
+        allowance, memory = memory_allowance(cfg, c)
+        roles = {}
+        for role in KEYS:
+            if chosen.probe["roles"][role] is None:
+                continue
+            rows = sweep(c, cfg, role, args.repeats)
+            roles[role] = _verdict(rows, chosen.tokens[role], allowance)
+            roles[role]["probe_seconds"] = chosen.probe["roles"][role]["seconds"]
+    _print(roles, chosen.probe["seconds"], memory)
+    write_results(
+        {"probe_seconds": chosen.probe["seconds"], "memory": memory, "roles": roles}, RESULTS
+    )
+    return 0 if all(r["within_20pct"] and r["under_allowance"] for r in roles.values()) else 1
+
+
+def _verdict(rows: list[dict], auto: int, allowance: float) -> dict:
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    mine = next(r for r in rows if r["budget"] == auto)
+    return {
+        "sweep": rows,
+        "auto": auto,
+        "best": best["budget"],
+        "auto_vs_best": mine["tokens_per_s"] / best["tokens_per_s"],
+        "within_20pct": mine["tokens_per_s"] >= WITHIN * best["tokens_per_s"],
+        "under_allowance": mine["memory_gib"] <= allowance,
+    }
+
+
+def _print(roles: dict, probe_seconds: float, memory: dict) -> None:
+    print(f"probe: {probe_seconds:.1f} s; allowance {memory['allowance_gib']:.2f} GiB")
+    print("| role | budget | tokens/s | +GiB | |\n|---|---|---|---|---|")
+    for role, found in roles.items():
+        for row in found["sweep"]:
+            mark = " ".join(
+                m for m, on in (("auto", row["budget"] == found["auto"]),
+                                ("best", row["budget"] == found["best"])) if on
+            )  # fmt: skip
+            print(
+                f"| {KEYS[role]} | {row['budget']} | {row['tokens_per_s']:.0f} | "
+                f"{row['memory_gib']:.3f} | {mark} |"
+            )
+        verdict = "ok" if found["within_20pct"] and found["under_allowance"] else "FAIL"
+        print(
+            f"|  | auto ÷ best tokens/s = {found['auto_vs_best']:.2f} ({verdict}); "
+            f"probed in {found['probe_seconds']:.1f} s | | | |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
