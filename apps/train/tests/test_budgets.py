@@ -15,7 +15,7 @@ from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.faults import FAULTS, parse_faults
 from klppo_train.forward import response_logprobs
 from klppo_train.preflight import UserError
-from klppo_train.probe import ProbePoint, choose, choose_budgets, fit_memory, series
+from klppo_train.probe import ProbePoint, choose, choose_budgets, fit_memory, knee, series
 from klppo_train.validate import validate_config
 
 P, T, VOCAB = 6, 4, 64
@@ -155,14 +155,17 @@ def test_auto_is_a_budget_value_and_nothing_else_is() -> None:
 def test_series_fit_and_choice() -> None:
     assert series(10, 80) == [10, 20, 40, 80] and series(10, 50) == [10, 20, 40, 50]
     assert series(10, 10) == [10]
-    rates = ((100, 50), (200, 90), (400, 93))  # tokens/s rising, then flat
+    rates = ((100, 50), (200, 90), (400, 93), (800, 91))  # tokens/s rising, then flat twice
     points = [ProbePoint(b, b / r, 0.5 + 0.001 * b) for b, r in rates]
+    assert knee(points).budget == 200 and knee(points[:3]) is None  # one miss is not a knee
+    assert knee([points[0], ProbePoint(200, 200 / 40, 0), *points[1:]]).budget == 200
     a, b = fit_memory(points, quadratic=False)
     assert a == pytest.approx(0.5) and b == pytest.approx(0.001)
-    # CPU: 200 still gains 80 %, 400 only 3 %: the knee is 200
-    assert choose(points, [a, b], allowance=10.0, cap=400, cpu=True) == 200
+    # CPU: 200 still gains 80 %, 400 and 800 only 3 % and 1 %: the knee is 200
+    assert choose(points, [a, b], allowance=10.0, cap=800, cpu=True) == 200
     # memory: 400 tokens would need 0.9 GiB
-    assert choose(points, [a, b], allowance=0.8, cap=400, cpu=False) == 200
+    assert choose(points, [a, b], allowance=0.8, cap=800, cpu=False) == 200
+    points = points[:3]
     # CUDA: everything measured fits, so the fit extends it up to the allowance (1.05 GiB
     # at 550 tokens) or the cap
     assert choose(points, [a, b], allowance=1.05, cap=10_000, cpu=False) in (549, 550)

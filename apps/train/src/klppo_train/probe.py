@@ -13,7 +13,8 @@ Memory is fitted as ``a + b·tokens`` (``+ c·tokens²`` for the dense-mask atte
 eager). The choice per role is the largest budget whose memory stays within the allowance
 -- ``trainer.memory_limit_gib`` minus what is in use now and the optimizer state still to
 come; 0 = 90 % of the GPU's free memory / 80 % of the available RAM, shared by the ranks of a
-node -- and, on CPU, not past the point where tokens/s stops improving by 5 %. A role's
+node -- and, on CPU, not past the point where tokens/s stops improving by 5 % (over the
+next two budgets: one slow measurement does not end the series). A role's
 series also stops where measuring the next budget would make its probing cost more than
 its pass takes in one step (so the probe costs about one step); when tokens/s was still
 rising there, the memory fit carries the choice on up to the cap. The budgets
@@ -147,12 +148,17 @@ def predicted_gib(coefficients: list[float], tokens: float) -> float:
 
 
 def knee(points: list[ProbePoint]) -> ProbePoint | None:
-    """The last point before tokens/s stopped rising by ``MIN_GAIN`` (None: still rising)."""
-    best = points[0]
+    """The point after which tokens/s stopped rising: the next two budgets both gained less
+    than ``MIN_GAIN`` over it (one alone can be a slow measurement: an interrupt, a burst
+    of page faults). None while it is still rising."""
+    best, misses = points[0], 0
     for point in points[1:]:
-        if point.tokens_per_s < MIN_GAIN * best.tokens_per_s:
-            return best
-        best = point
+        if point.tokens_per_s >= MIN_GAIN * best.tokens_per_s:
+            best, misses = point, 0
+        else:
+            misses += 1
+            if misses == 2:
+                return best
     return None
 
 
