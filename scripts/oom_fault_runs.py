@@ -31,7 +31,8 @@ START = {"actor": 512, "critic": 1024, "ref": 1024, "rollout": 8192}
 UPDATES = ("update_actor", "update_critic")  # two mini-batches: micro-batches 0 and 1 exist
 
 
-def run_args(run: Path, budgets: dict[str, int], data: Path) -> list[str]:
+def run_args(run: Path, budgets: dict[str, int]) -> list[str]:
+    data = run / "data"  # the embedded default writes its data there (and only there)
     return [
         str(RECIPE),
         f"trainer.run_dir={run}",
@@ -78,7 +79,6 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="oom_fault_runs_"))
-    data = root / "data"  # one data set (and warmed-up model per run dir) for all
     direct: dict[tuple, list[dict]] = {}
     failures = 0
     print("| run | faults | retries | budgets after (actor, critic, ref, rollout) | diff | ok |")
@@ -87,13 +87,17 @@ def main() -> int:
         faults = random_faults(rng)
         run = root / f"run{i}"
         os.environ[ENV] = ",".join(f"{s}:{p}:{m}" for s, p, m in faults)
-        code = train(run_args(run, START, data))
+        code = train(run_args(run, START))
         del os.environ[ENV]
+        if code != 0 or not (run / "metrics.jsonl").is_file():
+            failures += 1
+            print(f"| {i} | {faults} | - | - | - | NO (exit {code}) |")
+            continue
         final = json.loads((run / "budgets.json").read_text())["tokens"]
         key = tuple(final[role] for role in START)
         if key not in direct:
             plain = root / f"direct{len(direct)}"
-            assert train(run_args(plain, final, data)) == 0
+            assert train(run_args(plain, final)) == 0
             direct[key] = records(plain)
         got = records(run)
         retries = sum(r.get("perf/oom_retries", 0) for r in got)
