@@ -276,6 +276,20 @@ def choose_budgets(c: Components, cfg: AppConfig, path=None) -> RunBudgets:
 
 
 def _probe(c: Components, cfg: AppConfig, roles: list[str]) -> dict:
+    # As in a step, the engine sleeps while the passes run (on CUDA it frees its KV cache),
+    # unless its sleep drops the weights (vLLM level 2: only a weight sync brings them
+    # back); awake, the allowance is smaller than the step's, never larger.
+    keeps_weights = cfg.rollout.engine != "vllm" or cfg.rollout.vllm.sleep_level == 1
+    if keeps_weights:
+        c.engine.sleep()
+    try:
+        return _probe_roles(c, cfg, roles)
+    finally:
+        if keeps_weights:
+            c.engine.wake_up()
+
+
+def _probe_roles(c: Components, cfg: AppConfig, roles: list[str]) -> dict:
     start = time.perf_counter()
     allowance, memory = memory_allowance(cfg, c)
     found: dict[str, dict | None] = {}
