@@ -71,8 +71,8 @@ class SyntheticBatch:
 def role_pass(c: Components, cfg: AppConfig, role: str) -> Callable[[SyntheticBatch, int], None]:
     """``run(batch, budget)``: the role's most demanding pass at ``budget``."""
 
-    def update(model, optimizer, loss, batch) -> None:
-        accumulate_gradients(model, batch, loss, max_tokens=batch_tokens(batch), prefix=role)
+    def update(model, optimizer, loss, batch, budget: int) -> None:
+        accumulate_gradients(model, batch, loss, max_tokens=budget, prefix=role)
         optimizer.zero_grad(set_to_none=True)
 
     def actor(b: SyntheticBatch, budget: int) -> None:
@@ -84,12 +84,13 @@ def role_pass(c: Components, cfg: AppConfig, role: str) -> Callable[[SyntheticBa
             advantages.to(zeros.device), ref_logprobs=zeros, engine_logprobs=zeros,
         )  # fmt: skip
         temperature = cfg.rollout.sampling.temperature
-        update(c.actor, c.actor_optimizer, actor_micro_loss(cfg.actor, temperature), batch)
+        loss = actor_micro_loss(cfg.actor, temperature)
+        update(c.actor, c.actor_optimizer, loss, batch, budget)
 
     def critic(b: SyntheticBatch, budget: int) -> None:
         zeros = torch.zeros(b.response_mask.shape, device=b.input_ids.device)
         batch = ValueBatch(b.input_ids, b.attention_mask, b.response_mask, zeros, zeros + 1)
-        update(c.critic, c.critic_optimizer, critic_micro_loss(cfg.critic), batch)
+        update(c.critic, c.critic_optimizer, critic_micro_loss(cfg.critic), batch, budget)
 
     def forward(model, section, entropy: bool):
         def run(b: SyntheticBatch, budget: int) -> None:
@@ -104,10 +105,6 @@ def role_pass(c: Components, cfg: AppConfig, role: str) -> Callable[[SyntheticBa
         "ref": forward(c.ref, cfg.ref, False),
     }
     return passes[role]
-
-
-def batch_tokens(batch: SyntheticBatch) -> int:
-    return int(batch.attention_mask.sum())
 
 
 def cap_tokens(cfg: AppConfig, role: str) -> int:
