@@ -15,7 +15,15 @@ from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.faults import FAULTS, parse_faults
 from klppo_train.forward import response_logprobs
 from klppo_train.preflight import UserError
-from klppo_train.probe import ProbePoint, choose, choose_budgets, fit_memory, knee, series
+from klppo_train.probe import (
+    ProbePoint,
+    choose,
+    choose_budgets,
+    confirm_last_miss,
+    fit_memory,
+    knee,
+    series,
+)
 from klppo_train.validate import validate_config
 
 P, T, VOCAB = 6, 4, 64
@@ -153,8 +161,8 @@ def test_auto_is_a_budget_value_and_nothing_else_is() -> None:
 
 
 def test_series_fit_and_choice() -> None:
-    assert series(10, 80) == [10, 20, 40, 80] and series(10, 50) == [10, 20, 40, 50]
-    assert series(10, 10) == [10]
+    assert series(10, 200) == [10, 40, 160, 200] and series(10, 160) == [10, 40, 160]
+    assert series(10, 80, growth=2) == [10, 20, 40, 80] and series(10, 10) == [10]
     rates = ((100, 50), (200, 90), (400, 93), (800, 91))  # tokens/s rising, then flat twice
     points = [ProbePoint(b, b / r, 0.5 + 0.001 * b) for b, r in rates]
     assert knee(points).budget == 200 and knee(points[:3]) is None  # one miss is not a knee
@@ -166,16 +174,46 @@ def test_series_fit_and_choice() -> None:
     # memory: 400 tokens would need 0.9 GiB
     assert choose(points, [a, b], allowance=0.8, cap=800, cpu=False) == 200
     points = points[:3]
-    # CUDA: everything measured fits, so the fit extends it up to the allowance (1.05 GiB
-    # at 550 tokens) or the cap
-    assert choose(points, [a, b], allowance=1.05, cap=10_000, cpu=False) in (549, 550)
+    # CPU, the last point measured gained < 5 % (one miss, then the probe stopped): not
+    # rising, so the fit does not carry it on
+    assert choose(points, [a, b], allowance=10.0, cap=1000, cpu=True) == 200
+    # CUDA: everything measured fits, so the choice goes on past 400 tokens (0.9 GiB) while
+    # that memory scaled by tokens fits (1.05 GiB at 466 tokens; the fit alone would say
+    # 550), or up to the cap
+    assert choose(points, [a, b], allowance=1.05, cap=10_000, cpu=False) == 466
     assert choose(points, [a, b], allowance=1.05, cap=450, cpu=False) == 450
+    # dense masks: scaled by tokens² (0.9 · (t / 400)² ≤ 1.05 up to 432 tokens)
+    assert choose(points, [a, b], allowance=1.05, cap=10_000, cpu=False, quadratic=True) == 432
+    # the fit bounds it from below where it predicts more than the scaled point
+    assert choose(points, [0.0, 0.01], allowance=1.05, cap=10_000, cpu=False) == 400
     assert choose(points, [a, b], allowance=0.1, cap=400, cpu=True) == 0  # nothing fits
     # CPU, still rising at the last point measured (the probe stopped for its cost): the
-    # fit carries it on up to the cap (or the allowance)
+    # choice goes on up to the cap (or the allowance: 0.7 GiB at 200 → 0.875 at 250)
     rising = points[:2]
     assert choose(rising, [a, b], allowance=10.0, cap=1000, cpu=True) == 1000
-    assert choose(rising, [a, b], allowance=0.75, cap=1000, cpu=True) in (249, 250)
+    assert choose(rising, [a, b], allowance=0.875, cap=1000, cpu=True) == 250
+
+
+def test_a_series_that_ends_on_one_miss_is_measured_again() -> None:
+    rates = {100: 50.0, 400: 90.0, 1600: 92.0}  # 1600 gained 2 %: one miss, the last point
+    points = [ProbePoint(b, b / r, 0.001 * b) for b, r in rates.items()]
+    asked: list[int] = []
+
+    def measure(budget: int) -> ProbePoint:  # the second time, 1600 runs at 130 tokens/s
+        asked.append(budget)
+        return ProbePoint(budget, budget / {400: 85.0, 1600: 130.0}[budget], 99.0)
+
+    again = confirm_last_miss(points, 10.0, measure)
+    assert sorted(asked) == [400, 1600]  # the best point and the miss, once each
+    assert [p.tokens_per_s for p in again] == pytest.approx([50.0, 90.0, 130.0])  # faster kept
+    assert [p.memory_gib for p in again] == [p.memory_gib for p in points]  # first memory
+    assert choose(again, [0.0, 0.001], allowance=10.0, cap=6400, cpu=True) == 6400
+    assert choose(points, [0.0, 0.001], allowance=10.0, cap=6400, cpu=True) == 400
+    # still rising, two misses (a knee), or the miss over the allowance: nothing to confirm
+    asked.clear()
+    for unchanged, allowance in ((points[:2], 10.0), ([*points, points[-1]], 10.0), (points, 1.0)):
+        assert confirm_last_miss(unchanged, allowance, measure) == unchanged
+    assert asked == []
 
 
 def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:

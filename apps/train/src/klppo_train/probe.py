@@ -4,7 +4,7 @@ For every role whose budget is ``auto`` (:mod:`klppo_train.budgets`), the probe 
 role's own pass -- the actor's and critic's forward + backward of their losses (gradients
 zeroed after: no optimizer step), the old/ref log-prob forwards -- on synthetic sequences
 of the recipe's full length (``max_prompt_length + response_length``, random token ids) at
-budgets L, 2L, 4L, ... up to the most tokens that pass ever gets in one micro-batch (one
+budgets L, 4L, 16L, ... up to the most tokens that pass ever gets in one micro-batch (one
 rank's mini-batch for updates, its whole batch for forward passes). Each point records its
 time and its peak memory growth (:mod:`klppo_train.measure`: CUDA ``max_memory_allocated``,
 CPU peak RSS).
@@ -13,15 +13,20 @@ Memory is fitted as ``a + b·tokens`` (``+ c·tokens²`` for the dense-mask atte
 eager). The choice per role is the largest budget whose memory stays within the allowance
 -- ``trainer.memory_limit_gib`` minus what is in use now and the optimizer state still to
 come; 0 = 90 % of the GPU's free memory / 80 % of the available RAM, shared by the ranks of a
-node -- and, on CPU, not past the point where tokens/s stops improving by 5 % (over the
-next two budgets: one slow measurement does not end the series). A role's
-series also stops where measuring the next budget would make its probing cost more than
-its pass takes in one step (so the probe costs about one step); when tokens/s was still
-rising there, the memory fit carries the choice on up to the cap. The budgets
-never go below one sequence (L); when even that does not fit, the run stops before step 0
-naming the key. Under torchrun the ranks agree (each point's slowest time and largest
-memory over the ranks), so they choose alike. The probe leaves the RNG and the weights as
-they were.
+node -- and, on CPU, not past the point where tokens/s stops improving by 5 %. A role's
+series stops where measuring the next budget would make its probing cost more than half of
+what its pass takes in one step (so the whole probe costs about half a step; the larger
+budgets are the costly ones, which is why the series grows by 4x, not 2x). When tokens/s
+was still rising there, the choice goes on past the largest point measured up to the cap,
+for as long as memory scaled from that point -- proportionally (quadratically for the dense
+masks), never less than the fit -- stays within the allowance. Why not the fit alone: a
+peak is the larger of a constant (gradients, gathered parameters) and what grows with the
+tokens, so small budgets hide the growth (SmolLM2's actor update on CPU: +1.47 GiB at 1408
+tokens, fit 3.3 GiB at 5632, measured 5.3); scaling from a point bounds both shapes from
+above (``max(a, b·t)`` and ``a + b·t``, ``a, b ≥ 0``). The budgets never go below one
+sequence (L); when even that does not fit, the run stops before step 0 naming the key.
+Under torchrun the ranks agree (each point's slowest time and largest memory over the
+ranks), so they choose alike. The probe leaves the RNG and the weights as they were.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -47,6 +52,8 @@ from klppo_train.update import accumulate_gradients
 
 log = logging.getLogger("klppo_train")
 MIN_GAIN = 1.05  # CPU: a larger budget must raise tokens/s by 5 % to be worth its memory
+GROWTH = 4  # budgets L, 4L, 16L, ...: the points that cost are the large ones
+COST_SHARE = 0.5  # a role's probe may cost this share of its pass's time in one step
 QUADRATIC_ATTENTION = ("sdpa", "eager")  # [nnz, nnz] masks: memory grows with tokens²
 
 
@@ -118,11 +125,11 @@ def cap_tokens(cfg: AppConfig, role: str) -> int:
     return rows * longest_sequence(cfg)
 
 
-def series(minimum: int, cap: int) -> list[int]:
-    """``minimum · 2^k`` below ``cap``, then ``cap`` itself."""
+def series(minimum: int, cap: int, growth: int = GROWTH) -> list[int]:
+    """``minimum · growth^k`` below ``cap``, then ``cap`` itself."""
     budgets = [minimum]
-    while budgets[-1] * 2 < cap:
-        budgets.append(budgets[-1] * 2)
+    while budgets[-1] * growth < cap:
+        budgets.append(budgets[-1] * growth)
     return budgets + ([cap] if cap > budgets[-1] else [])
 
 
@@ -144,40 +151,55 @@ def predicted_gib(coefficients: list[float], tokens: float) -> float:
     return float(sum(coef * tokens**k for k, coef in enumerate(coefficients)))
 
 
-def knee(points: list[ProbePoint]) -> ProbePoint | None:
-    """The point after which tokens/s stopped rising: the next two budgets both gained less
-    than ``MIN_GAIN`` over it (one alone can be a slow measurement: an interrupt, a burst
-    of page faults). None while it is still rising."""
+def best_rate(points: list[ProbePoint]) -> tuple[ProbePoint, int]:
+    """The largest budget that raised tokens/s by ``MIN_GAIN`` over every smaller one, and
+    how many larger budgets measured after it did not (its misses)."""
     best, misses = points[0], 0
     for point in points[1:]:
         if point.tokens_per_s >= MIN_GAIN * best.tokens_per_s:
             best, misses = point, 0
         else:
             misses += 1
-            if misses == 2:
-                return best
-    return None
+    return best, misses
+
+
+def knee(points: list[ProbePoint]) -> ProbePoint | None:
+    """The point after which tokens/s stopped rising: the next two budgets both gained less
+    than ``MIN_GAIN`` over it (one alone can be a slow measurement: an interrupt, a burst
+    of page faults). None until then."""
+    best, misses = best_rate(points)
+    return best if misses >= 2 else None
 
 
 def choose(
-    points: list[ProbePoint], fit: list[float], allowance: float, cap: int, cpu: bool
+    points: list[ProbePoint],
+    fit: list[float],
+    allowance: float,
+    cap: int,
+    cpu: bool,
+    quadratic: bool = False,
 ) -> int:
-    """The largest budget within the allowance; on CPU the throughput knee when one was
-    measured. Where every measured point fits (and, on CPU, tokens/s was still rising) past
-    the largest one measured, the memory fit extends it up to ``cap``."""
+    """The largest budget within the allowance; on CPU the best tokens/s (:func:`best_rate`).
+    Where the largest point measured fits (and, on CPU, still raised tokens/s), the choice
+    goes on past it up to ``cap`` while that point's memory, scaled by tokens (tokens² when
+    ``quadratic``) and never below the fit, stays within the allowance."""
     fitting = [p for p in points if p.memory_gib <= allowance]
     if not fitting:
         return 0
-    if cpu and (found := knee(fitting)) is not None:
-        return found.budget
-    best = fitting[-1].budget
-    if best == points[-1].budget < cap:  # extrapolate along the fit (binary search)
-        low, high = best, cap + 1  # predicted(low) fits; high is past what may be chosen
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if predicted_gib(fit, middle) <= allowance else (low, middle)
-        best = low
-    return best
+    best, misses = best_rate(fitting) if cpu else (fitting[-1], 0)
+    if misses or best.budget != points[-1].budget or best.budget >= cap:
+        return best.budget
+    power = 2 if quadratic else 1
+
+    def bound(tokens: int) -> float:  # an upper bound for a + b·t (+ c·t²), a, b, c ≥ 0
+        scaled = best.memory_gib * (tokens / best.budget) ** power
+        return max(scaled, predicted_gib(fit, tokens))
+
+    low, high = best.budget, cap + 1  # low is allowed; high is past what may be chosen
+    while high - low > 1:  # binary search
+        middle = (low + high) // 2
+        low, high = (middle, high) if bound(middle) <= allowance else (low, middle)
+    return low
 
 
 # ------------------------------------------------------------------------- probing
@@ -198,23 +220,28 @@ def probe_role(c: Components, cfg: AppConfig, role: str, allowance: float) -> di
     run = role_pass(c, cfg, role)
     minimum, cap, cpu = longest_sequence(cfg), cap_tokens(cfg, role), default_device().type == "cpu"
     vocab = len(c.tokenizer)
-    warm_up = SyntheticBatch.make(cfg, 1, vocab, seed=0)
-    run(warm_up, minimum)  # kernels, first-call set-up
-    measure = PassMeter()
+    run(SyntheticBatch.make(cfg, 1, vocab, seed=0), minimum)  # kernels, first-call set-up
+    meter = PassMeter()
+
+    def measure(budget: int) -> ProbePoint:
+        batch = SyntheticBatch.make(cfg, budget // minimum, vocab, seed=budget)
+        return agree(meter(lambda: run(batch, budget), budget))
+
     points: list[ProbePoint] = []
     budgets = series(minimum, cap)
     for k, budget in enumerate(budgets):
-        batch = SyntheticBatch.make(cfg, budget // minimum, vocab, seed=len(points) + 1)
-        point = agree(measure(lambda: run(batch, budget), budget))  # noqa: B023
-        points.append(point)
-        if point.memory_gib > allowance:
+        points.append(measure(budget))
+        if points[-1].memory_gib > allowance:
             break
         if cpu and knee(points) is not None:
             break  # tokens/s stopped rising by MIN_GAIN: larger budgets are not worth it
         if k + 1 < len(budgets) and _over_cost(points, budgets[k + 1], step_tokens(cfg, role)):
             break
-    fit = fit_memory(points, cfg.model.attn_implementation in QUADRATIC_ATTENTION)
-    chosen = choose(points, fit, allowance, cap, cpu)
+    if cpu:
+        points = confirm_last_miss(points, allowance, measure)
+    quadratic = cfg.model.attn_implementation in QUADRATIC_ATTENTION
+    fit = fit_memory(points, quadratic)
+    chosen = choose(points, fit, allowance, cap, cpu, quadratic)
     return {
         "chosen": chosen,
         "fit_gib": fit,
@@ -222,6 +249,24 @@ def probe_role(c: Components, cfg: AppConfig, role: str, allowance: float) -> di
         "points": [asdict(p) for p in points],
         "seconds": time.perf_counter() - start,
     }
+
+
+def confirm_last_miss(
+    points: list[ProbePoint], allowance: float, measure: Callable[[int], ProbePoint]
+) -> list[ProbePoint]:
+    """Where the series ended on one miss (the choice would rest on a single slow
+    measurement), the best point and that last one are measured once more and keep their
+    faster time: on a shared machine noise only slows a pass down. Memory stays the first
+    measurement's (made in increasing order; a smaller pass measured after a larger one
+    would see the larger one's memory still cached)."""
+    fitting = [p for p in points if p.memory_gib <= allowance]
+    if len(fitting) < 2 or best_rate(fitting)[1] != 1 or fitting[-1] is not points[-1]:
+        return points
+    again = {p.budget for p in (best_rate(fitting)[0], points[-1])}
+    return [
+        replace(p, seconds=min(p.seconds, measure(p.budget).seconds)) if p.budget in again else p
+        for p in points
+    ]
 
 
 def step_tokens(cfg: AppConfig, role: str) -> int:
@@ -232,12 +277,12 @@ def step_tokens(cfg: AppConfig, role: str) -> int:
 
 
 def _over_cost(points: list[ProbePoint], next_budget: int, per_step: int) -> bool:
-    """Whether measuring ``next_budget`` too would make the role's probe cost more than the
-    role's pass takes in one step (at the best tokens/s seen): the probe as a whole then
-    costs about one step, a tenth of the first ten."""
+    """Whether measuring ``next_budget`` too would make the role's probe cost more than
+    ``COST_SHARE`` of what the role's pass takes in one step (at the best tokens/s seen):
+    the probe as a whole then costs about half a step, a twentieth of the first ten."""
     spent = sum(p.seconds for p in points)
     best = max(p.tokens_per_s for p in points)
-    return spent + next_budget / points[-1].tokens_per_s > per_step / best
+    return spent + next_budget / points[-1].tokens_per_s > COST_SHARE * per_step / best
 
 
 def _too_small(cfg: AppConfig, role: str, found: dict, memory: dict) -> Exception:
