@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _results import RESULTS_DIR, write_results
+from _results import RESULTS_DIR, with_trainer_allocator, write_results
 from ppo_step_bench import RECIPE, prepare
 
 from klppo_train.budgets import KEYS, longest_sequence
@@ -73,6 +73,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    with_trainer_allocator()  # the probe and the sweep run in this process, as in a run
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the probe's own table
     model, data = prepare()
     with tempfile.TemporaryDirectory(prefix="budget_bench_") as tmp:

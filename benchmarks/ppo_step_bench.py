@@ -29,7 +29,9 @@ grad) of sequences of 40–70 tokens filling a 1k, 4k and 16k-token micro-batch,
 (``sdpa``; at 1k and 4k only: at 16k its scores alone need ~9 GB per layer). It also reports
 the largest difference between packed and padded response log-probs (fp32).
 
-Prints both tables and writes ``benchmarks/results/ppo_step_bench.json``.
+The benchmark runs with the allocator a run has (``trainer.allocator=auto``: tcmalloc where
+the system has it), so the forward table is timed as the trainer's passes are. Prints both
+tables and writes ``benchmarks/results/ppo_step_bench.json``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import time
 from pathlib import Path
 
 import torch
-from _results import RESULTS_DIR, write_results
+from _results import RESULTS_DIR, child_env, with_trainer_allocator, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench"
@@ -123,7 +125,10 @@ def run_row(model: Path, data: Path, overrides: list[str], steps: int) -> dict:
         log = Path(tmp) / "train.log"
         with log.open("w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "klppo_train", *args], stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "klppo_train", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env(tcmalloc=False),  # the row's trainer.allocator decides
             )
             _, status, usage = os.wait4(proc.pid, 0)
         if status != 0:
@@ -298,6 +303,7 @@ def main() -> None:
     parser.add_argument("--skip-forward", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    with_trainer_allocator()  # the forward table is timed in this process
     torch.manual_seed(0)
     model, data = prepare()
     result = {"matmul_gflops": matmul_peaks(), "torch": torch.__version__}

@@ -13,6 +13,8 @@ in it (this file with ``--worker``), its peak RSS from ``wait4``. Variants: ``fp
 (``bf16=True``: autocast on the policy+value training forward only); ``bf16w`` (also every
 model loaded in bfloat16); ``+ckpt`` after any (gradient checkpointing, policy and critic).
 ``--with-klppo`` runs ppo_step_bench's ``bf16`` row of each setting too, and the ratio.
+``--allocator`` (default ``tcmalloc``) is TRL's: preloaded as klppo's ``trainer.allocator=auto``
+does, so the comparison is not one of allocators.
 The step reported is the last of ``--steps``. Writes ``benchmarks/results/trl_ppo_bench.json``.
 
 Read in trl-1.12.0-py3-none-any.whl, paths under ``trl/`` (1.13.0 has no ``experimental/ppo``):
@@ -65,7 +67,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _results import RESULTS_DIR, write_results
+from _results import RESULTS_DIR, child_env, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench"
@@ -198,19 +200,23 @@ def worker(cfg: dict) -> None:
     versions = {m.__name__: m.__version__ for m in (torch, trl, transformers, accelerate)}
     result = {"steps_s": timer.times, "mixed_precision": str(trainer.accelerator.mixed_precision)}
     result.update(micro=micro, grad_accum=batch // micro, versions=versions)
+    loaded = "libtcmalloc" in Path("/proc/self/maps").read_text()
+    result.update(allocator="tcmalloc" if loaded else "system")
     result.update(rollout_micro=args.local_rollout_forward_batch_size)
     result.update(score=log[-1]["objective/scores"] if log else None)
     Path(cfg["out"]).write_text(json.dumps(result))
 
 
-def run_trl(py: Path, cfg: dict) -> dict:
-    """One worker process; its result, or the tail of its log if it failed."""
+def run_trl(py: Path, cfg: dict, tcmalloc: bool) -> dict:
+    """One worker process (tcmalloc preloaded or not); its result, or the tail of its log if
+    it failed."""
     with tempfile.TemporaryDirectory(prefix="trl_ppo_bench_") as tmp:
         cfg = {**cfg, "out": str(Path(tmp) / "result.json")}
         log = Path(tmp) / "worker.log"
         with log.open("w") as out:
             cmd = [str(py), str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            env = child_env(tcmalloc)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
             _, status, usage = os.wait4(proc.pid, 0)
         row = {"peak_rss_gb": usage.ru_maxrss / 2**20}
         if os.waitstatus_to_exitcode(status) != 0 or not Path(cfg["out"]).exists():
@@ -239,6 +245,12 @@ def main() -> None:
     parser.add_argument("--rollout-micro", type=int, default=32)
     parser.add_argument("--venv", type=Path, default=CACHE / "trl-venv")
     parser.add_argument("--with-klppo", action="store_true")
+    parser.add_argument(
+        "--allocator",
+        choices=("tcmalloc", "system"),
+        default="tcmalloc",
+        help="TRL's allocator (klppo's rows: trainer.allocator=auto, tcmalloc where it exists)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "trl_ppo_bench.json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -256,19 +268,21 @@ def main() -> None:
             m = psb.run_row(model, data, overrides, args.steps)
             klppo_s = m["timing_s/step"]
             rows.append({"setting": setting, "variant": "klppo bf16", "step_s": klppo_s})
-            rows[-1]["peak_rss_gb"] = m["peak_rss_gb"]
+            rows[-1].update(peak_rss_gb=m["peak_rss_gb"], allocator="trainer.allocator=auto")
             print(f"  {setting} klppo bf16: {klppo_s:.1f} s/step", flush=True)
         for variant in args.variants.split(","):
             cfg = {"setting": setting, "variant": variant, "steps": args.steps, "micro": args.micro}
             cfg.update(rollout_micro=args.rollout_micro, model=str(model))
             cfg.update(data=str(data / "train.parquet"))
-            r = {"setting": setting, "variant": f"TRL {variant}", **run_trl(py, cfg)}
+            tcmalloc = args.allocator == "tcmalloc"
+            r = {"setting": setting, "variant": f"TRL {variant}", **run_trl(py, cfg, tcmalloc)}
             if klppo_s and r["step_s"]:
                 r["trl_over_klppo"] = r["step_s"] / klppo_s
             rows.append(r)
             step = "failed" if r["step_s"] is None else f"{r['step_s']:.1f} s/step"
             print(f"  {setting} TRL {variant}: {step}", flush=True)
-    cols = ["setting", "variant", "step_s", "peak_rss_gb", "mixed_precision", "micro", "grad_accum"]
+    cols = ["setting", "variant", "step_s", "peak_rss_gb", "allocator", "mixed_precision", "micro"]
+    cols += ["grad_accum"]
     cols += ["rollout_micro", "score", "trl_over_klppo"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:

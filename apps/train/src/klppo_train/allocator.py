@@ -21,7 +21,7 @@ log = logging.getLogger("klppo_train")
 
 ALLOCATORS = ("auto", "tcmalloc", "system")
 LIBRARIES = ("tcmalloc_minimal", "tcmalloc")
-_REEXECUTED = "KLPPO_ALLOCATOR_REEXECUTED"
+REEXECUTED_ENV = "KLPPO_ALLOCATORREEXECUTED_ENV"
 
 
 def find_tcmalloc() -> str | None:
@@ -52,13 +52,13 @@ def reexec_with_tcmalloc(setting: str) -> None:
     """Replace this process by the same command with tcmalloc preloaded, when ``setting``
     asks for it (``auto``: if the library exists) and it is not loaded yet. Returns only when
     nothing is to be done."""
-    if setting == "system" or tcmalloc_loaded() or os.environ.get(_REEXECUTED):
+    if setting == "system" or tcmalloc_loaded() or os.environ.get(REEXECUTED_ENV):
         return
     library = find_tcmalloc()
     if library is None:  # auto without the library
         return
     preload = " ".join(filter(None, [library, os.environ.get("LD_PRELOAD", "")]))
-    env = {**os.environ, "LD_PRELOAD": preload, _REEXECUTED: "1"}
+    env = {**os.environ, "LD_PRELOAD": preload, REEXECUTED_ENV: "1"}
     sys.stdout.flush(), sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, env)
 
