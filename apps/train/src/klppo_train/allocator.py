@@ -21,7 +21,7 @@ log = logging.getLogger("klppo_train")
 
 ALLOCATORS = ("auto", "tcmalloc", "system")
 LIBRARIES = ("tcmalloc_minimal", "tcmalloc")
-REEXECUTED_ENV = "KLPPO_ALLOCATORREEXECUTED_ENV"
+REEXECUTED_ENV = "KLPPO_ALLOCATOR_REEXECUTED"
 
 
 def find_tcmalloc() -> str | None:
