@@ -35,9 +35,9 @@ from klppo_train.budgets import KEYS, longest_sequence
 from klppo_train.build import build_components
 from klppo_train.config import load_config
 from klppo_train.distributed import init_distributed
-from klppo_train.measure import PassMeter, memory_allowance
+from klppo_train.measure import memory_allowance
 from klppo_train.preflight import preflight
-from klppo_train.probe import SyntheticBatch, cap_tokens, choose_budgets, role_pass, series
+from klppo_train.probe import cap_tokens, choose_budgets, role_measure, series
 
 RESULTS = RESULTS_DIR / "budget_bench.json"
 WITHIN = 0.8  # auto's tokens/s ≥ 80 % of the sweep's best
@@ -48,17 +48,12 @@ def sweep(c, cfg, role: str, repeats: int, auto: int) -> list[dict]:
     whole series: a slow spell of the machine then falls on every budget alike instead of
     on one. Memory is the first round's (budgets in increasing order, as the probe
     measures: later rounds start with the largest pass's memory still cached)."""
-    run, minimum = role_pass(c, cfg, role), longest_sequence(cfg)
-    vocab = len(c.tokenizer)
-    warm_up = SyntheticBatch.make(cfg, 1, vocab, seed=0)
-    run(warm_up, minimum)
-    measure = PassMeter()
-    budgets = sorted({*series(minimum, cap_tokens(cfg, role), growth=2), auto})
-    batches = {b: SyntheticBatch.make(cfg, b // minimum, vocab, seed=b) for b in budgets}
+    measure = role_measure(c, cfg, role)
+    budgets = sorted({*series(longest_sequence(cfg), cap_tokens(cfg, role), growth=2), auto})
     points = {b: [] for b in budgets}
     for _ in range(repeats):
-        for budget, batch in batches.items():
-            points[budget].append(measure(lambda: run(batch, budget), budget))  # noqa: B023
+        for budget in budgets:
+            points[budget].append(measure(budget))
     return [
         {
             "budget": budget,

@@ -170,14 +170,18 @@ class RunBudgets:
         return {f"perf/token_budget/{role}": float(n) for role, n in self.tokens.items()}
 
 
-def budgets_from_config(cfg: Any, path: Path | None = None) -> RunBudgets:
-    """The config's budgets as numbers (``auto`` ones need the probe:
-    :func:`klppo_train.probe.choose_budgets`)."""
+def budgets_from_config(
+    cfg: Any, path: Path | None = None, probed: dict[str, tuple[int, str]] | None = None
+) -> RunBudgets:
+    """The config's budgets as numbers; ``auto`` ones from ``probed`` (``{role: (tokens,
+    source)}``, :func:`klppo_train.probe.choose_budgets`), which each must have."""
     tokens = {role: configured(cfg, role) for role in KEYS}
+    source = {role: "config" for role in KEYS}
+    for role, (chosen, how) in (probed or {}).items():
+        tokens[role], source[role] = chosen, how
     auto = [KEYS[role] for role, value in tokens.items() if value == AUTO]
     if auto:
         raise ValueError(f"{', '.join(auto)}=auto: chosen by klppo_train.probe.choose_budgets")
-    source = {role: "config" for role in KEYS}
     return RunBudgets(tokens, longest_sequence(cfg), source, path=path)
 
 

@@ -40,12 +40,13 @@ class ProbePoint:
         return self.budget / self.seconds
 
 
-def _proc_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
+def _proc_kib(field: str, path: str = "/proc/self/status") -> int:
+    """A ``<field>: <n> kB`` line of a /proc file (``/proc/self/status``, ``/proc/meminfo``)."""
+    with open(path) as lines:
+        for line in lines:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    raise RuntimeError(f"{path} has no {field}")
 
 
 def _release_to_os() -> None:
@@ -107,14 +108,6 @@ def agree(point: ProbePoint) -> ProbePoint:
     return ProbePoint(point.budget, seconds, memory)
 
 
-def _meminfo_gib(field: str) -> float:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 2**20
-    raise RuntimeError(f"/proc/meminfo has no {field}")
-
-
 def _optimizer_state_gib(c: Components) -> float:
     """AdamW's two fp32 moments per trainable parameter of this rank's shards, created at
     the first step (after the probe): memory the passes cannot have."""
@@ -137,7 +130,7 @@ def memory_allowance(cfg: AppConfig, c: Components) -> tuple[float, dict[str, fl
         free, total = (x / GIB for x in torch.cuda.mem_get_info())
         share, default_fraction = 1, 0.9
     else:
-        free, total = _meminfo_gib("MemAvailable"), _meminfo_gib("MemTotal")
+        free, total = (_proc_kib(f, "/proc/meminfo") / 2**20 for f in ("MemAvailable", "MemTotal"))
         share, default_fraction = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 0.8
     in_use = total - free
     limit = cfg.trainer.memory_limit_gib or in_use + default_fraction * free

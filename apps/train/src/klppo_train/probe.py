@@ -40,7 +40,14 @@ import torch
 
 from fsdp_sharding import default_device
 from klppo_train.actor import PolicyBatch, actor_micro_loss
-from klppo_train.budgets import AUTO, KEYS, RunBudgets, configured, longest_sequence
+from klppo_train.budgets import (
+    AUTO,
+    KEYS,
+    RunBudgets,
+    budgets_from_config,
+    configured,
+    longest_sequence,
+)
 from klppo_train.budgets import release_memory as release_cached
 from klppo_train.components import Components
 from klppo_train.config import AppConfig
@@ -214,19 +221,26 @@ def _unused(c: Components, cfg: AppConfig, role: str) -> bool:
     }.get(role, False)
 
 
-def probe_role(c: Components, cfg: AppConfig, role: str, allowance: float) -> dict:
-    """Measure ``role``'s pass over the budget series; its choice, fit and points."""
-    start = time.perf_counter()
-    run = role_pass(c, cfg, role)
-    minimum, cap, cpu = longest_sequence(cfg), cap_tokens(cfg, role), default_device().type == "cpu"
-    vocab = len(c.tokenizer)
-    run(SyntheticBatch.make(cfg, 1, vocab, seed=0), minimum)  # kernels, first-call set-up
+def role_measure(c: Components, cfg: AppConfig, role: str) -> Callable[[int], ProbePoint]:
+    """``measure(budget)``: one timed pass of the role on a synthetic batch of ``budget``
+    tokens, its memory over the base :class:`PassMeter` took after a warm-up pass (first
+    calls set up kernels), agreed over the ranks."""
+    run, minimum, vocab = role_pass(c, cfg, role), longest_sequence(cfg), len(c.tokenizer)
+    run(SyntheticBatch.make(cfg, 1, vocab, seed=0), minimum)
     meter = PassMeter()
 
     def measure(budget: int) -> ProbePoint:
         batch = SyntheticBatch.make(cfg, budget // minimum, vocab, seed=budget)
         return agree(meter(lambda: run(batch, budget), budget))
 
+    return measure
+
+
+def probe_role(c: Components, cfg: AppConfig, role: str, allowance: float) -> dict:
+    """Measure ``role``'s pass over the budget series; its choice, fit and points."""
+    start = time.perf_counter()
+    minimum, cap, cpu = longest_sequence(cfg), cap_tokens(cfg, role), default_device().type == "cpu"
+    measure = role_measure(c, cfg, role)
     points: list[ProbePoint] = []
     budgets = series(minimum, cap)
     for k, budget in enumerate(budgets):
@@ -260,9 +274,12 @@ def confirm_last_miss(
     measurement's (made in increasing order; a smaller pass measured after a larger one
     would see the larger one's memory still cached)."""
     fitting = [p for p in points if p.memory_gib <= allowance]
-    if len(fitting) < 2 or best_rate(fitting)[1] != 1 or fitting[-1] is not points[-1]:
+    if len(fitting) < 2 or fitting[-1] is not points[-1]:
         return points
-    again = {p.budget for p in (best_rate(fitting)[0], points[-1])}
+    best, misses = best_rate(fitting)
+    if misses != 1:
+        return points
+    again = {best.budget, points[-1].budget}
     return [
         replace(p, seconds=min(p.seconds, measure(p.budget).seconds)) if p.budget in again else p
         for p in points
@@ -301,18 +318,18 @@ def _too_small(cfg: AppConfig, role: str, found: dict, memory: dict) -> Exceptio
 def choose_budgets(c: Components, cfg: AppConfig, path=None) -> RunBudgets:
     """The run's budgets: the config's numbers, and for ``auto`` ones the probe's choice
     (printed as a table; all of it in ``budgets.json`` at ``path``)."""
-    minimum = longest_sequence(cfg)
-    tokens = {role: configured(cfg, role) for role in KEYS}
-    source = {role: "config" for role in KEYS}
-    auto = [role for role, value in tokens.items() if value == AUTO]
-    probe: dict | None = None
-    if auto:
-        probe = _probe(c, cfg, auto)
-        for role in auto:
-            found = probe["roles"][role]
-            tokens[role] = found["chosen"] if found else 3 * minimum  # unused: any valid value
-            source[role] = "auto" if found else "auto (pass not run)"
-    budgets = RunBudgets(tokens, minimum, source, probe, path=path)
+    auto = [role for role in KEYS if configured(cfg, role) == AUTO]
+    probe = _probe(c, cfg, auto) if auto else None
+    probed = {}
+    for role in auto:
+        found = probe["roles"][role]  # None: the pass does not run; any valid value will do
+        probed[role] = (
+            (found["chosen"], "auto")
+            if found
+            else (3 * longest_sequence(cfg), "auto (pass not run)")
+        )
+    budgets = budgets_from_config(cfg, path, probed)
+    budgets.probe = probe
     budgets.write()
     return budgets
 
