@@ -13,7 +13,7 @@ from fsdp_sharding import default_device
 from klppo_train.algorithm import ADV_ESTIMATORS
 from klppo_train.allocator import check_allocator
 from klppo_train.attention import IMPLEMENTATIONS
-from klppo_train.budgets import AUTO, DYNAMIC_KEYS, uses_budget
+from klppo_train.budgets import AUTO, DYNAMIC_KEYS, longest_sequence, uses_budget
 from klppo_train.budgets import KEYS as BUDGET_KEYS
 from klppo_train.config import AppConfig
 from klppo_train.demo.prepare import MODEL_SOURCES
@@ -243,7 +243,6 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
         for role, key in BUDGET_KEYS.items()
         if not uses_budget(cfg, role) or _get(cfg, key) == AUTO
     }
-    longest = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
 
     def number(key: str, stand_in: int) -> int:
         return stand_in if _get(cfg, key) == AUTO else _get(cfg, key)
@@ -257,7 +256,7 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
         found = check_token_budgets(
             cfg.data.max_prompt_length,
             cfg.rollout.sampling.max_new_tokens,
-            actor=number(keys["actor"], longest),
+            actor=number(keys["actor"], longest_sequence(cfg)),
             log_prob=number(log_prob_key, 2**40),
             critic=number(keys["critic"], 2**40),
         )
