@@ -15,6 +15,8 @@ vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4`
 - ``bf16``: ``model.dtype=bfloat16`` (fp32 master weights, bf16 compute, bf16 reference and
   engine)
 - ``bf16+ckpt``: the same with ``model.gradient_checkpointing=true``
+- ``bf16+compile``: bf16 with ``model.compile=true`` (MLP and RMSNorm blocks compiled)
+- ``bf16+ckpt+compile``: both
 
 The step reported is the last of ``--steps`` (the first one pays one-off costs). Columns:
 seconds per phase (``timing_s/*``), step time, tokens/s (prompt + response tokens of the
@@ -62,6 +64,11 @@ ROWS = {
     "bf16": ["model.dtype=bfloat16"],
     "bf16+ckpt": ["model.dtype=bfloat16", "model.gradient_checkpointing=true"],
     "bf16+compile": ["model.dtype=bfloat16", "model.compile=true"],
+    "bf16+ckpt+compile": [
+        "model.dtype=bfloat16",
+        "model.gradient_checkpointing=true",
+        "model.compile=true",
+    ],
 }
 PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 FORWARD_ONLY = ("old_log_prob", "ref", "values")

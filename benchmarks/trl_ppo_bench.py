@@ -1,18 +1,19 @@
 """TRL's PPO (``trl.experimental.ppo``, trl 1.12.0) on SmolLM2-135M-Instruct: seconds per step.
 
     ./uvw run python benchmarks/trl_ppo_bench.py [--settings 16x4x64,8x1x32] [--steps 2]
-        [--variants fp32,bf16] [--with-klppo] [--out PATH]
+        [--variants fp32,bf16] [--with-klppo] [--klppo-row bf16] [--out PATH]
 
 Same model, prompts and ``PROMPTSxSAMPLESxTOKENS`` settings as ``ppo_step_bench.py`` (its cached
 ``runs/bench/smollm2`` and ``runs/bench/data``; made by its ``prepare()`` if missing), same
-recipe numbers (``smollm2_arith.yaml``: actor lr 1e-6, critic lr 1e-5, weight decay 0.01,
-kl_coef 0.01 in the reward, gamma = lam = 1, 1 PPO epoch, one mini-batch per step,
-temperature 1, value clip 0.5). TRL lives in its own venv (``runs/bench/trl-venv``, made with
-``python -m venv`` + pip; the workspace's uv.lock is untouched); each row is one worker process
-in it (this file with ``--worker``), its peak RSS from ``wait4``. Variants: ``fp32``; ``bf16``
-(``bf16=True``: autocast on the policy+value training forward only); ``bf16w`` (also every
-model loaded in bfloat16); ``+ckpt`` after any (gradient checkpointing, policy and critic).
-``--with-klppo`` runs ppo_step_bench's ``bf16`` row of each setting too, and the ratio.
+recipe numbers, read from ``smollm2_arith.yaml`` (actor and critic lr, weight decay, kl_coef in
+the reward, gamma, lam, temperature, value clip; 1 PPO epoch, one mini-batch per step). TRL
+lives in its own venv (``runs/bench/trl-venv``, made with ``python -m venv`` + pip; the
+workspace's uv.lock is untouched); each row is one worker process in it (this file with
+``--worker``), its peak RSS from ``wait4``. Variants: ``fp32``; ``bf16`` (``bf16=True``:
+autocast on the policy+value training forward only); ``bf16w`` (also every model loaded in
+bfloat16); ``+ckpt`` after any (gradient checkpointing, policy and critic).
+``--with-klppo`` runs a ppo_step_bench row of each setting too (``--klppo-row``, default
+``bf16``), and the ratio.
 ``--allocator`` (default ``tcmalloc``) is TRL's: preloaded as klppo's ``trainer.allocator=auto``
 does, so the comparison is not one of allocators.
 The step reported is the last of ``--steps``. Writes ``benchmarks/results/trl_ppo_bench.json``.
@@ -172,20 +173,22 @@ def worker(cfg: dict) -> None:
     if extra == "ckpt":
         for m in (policy, value):
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    groups = [{"params": list(policy.parameters()), "lr": 1e-6}]
-    groups.append({"params": list(value.parameters()), "lr": 1e-5})
-    opt = torch.optim.AdamW(groups, weight_decay=0.01)
+    r = cfg["recipe"]
+    groups = [{"params": list(policy.parameters()), "lr": r["actor_lr"]}]
+    groups.append({"params": list(value.parameters()), "lr": r["critic_lr"]})
+    opt = torch.optim.AdamW(groups, weight_decay=r["weight_decay"])
     pad = transformers.DataCollatorWithPadding(tok)
     dataset = Dataset.from_dict({"input_ids": ids})
     timer = StepTimer()
     with tempfile.TemporaryDirectory(prefix="trl_ppo_bench_") as tmp:
         args = PPOConfig(
             output_dir=tmp, use_cpu=True, bf16=base != "fp32", seed=0, report_to="none",
-            save_strategy="no", logging_steps=1, disable_tqdm=True, learning_rate=1e-6,
+            save_strategy="no", logging_steps=1, disable_tqdm=True, learning_rate=r["actor_lr"],
             per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
             num_mini_batches=1, local_rollout_forward_batch_size=min(cfg["rollout_micro"], batch),
             total_episodes=cfg["steps"] * batch, response_length=tokens, num_ppo_epochs=1,
-            kl_coef=0.01, gamma=1.0, lam=1.0, cliprange_value=0.5, temperature=1.0,
+            kl_coef=r["kl_coef"], gamma=r["gamma"], lam=r["lam"],
+            cliprange_value=r["cliprange_value"], temperature=r["temperature"],
             stop_token="eos", num_sample_generations=0, gradient_checkpointing=extra == "ckpt",
         )  # fmt: skip
         trainer = PPOTrainer(
@@ -200,6 +203,7 @@ def worker(cfg: dict) -> None:
     versions = {m.__name__: m.__version__ for m in (torch, trl, transformers, accelerate)}
     result = {"steps_s": timer.times, "mixed_precision": str(trainer.accelerator.mixed_precision)}
     result.update(micro=micro, grad_accum=batch // micro, versions=versions)
+    result.update(lrs=[g["lr"] for g in opt.param_groups], kl_coef=args.kl_coef)
     loaded = "libtcmalloc" in Path("/proc/self/maps").read_text()
     result.update(allocator="tcmalloc" if loaded else "system")
     result.update(rollout_micro=args.local_rollout_forward_batch_size)
@@ -227,6 +231,23 @@ def run_trl(py: Path, cfg: dict, tcmalloc: bool) -> dict:
     return {**row, **result, "step_s": result["steps_s"][-1]}
 
 
+def recipe_numbers() -> dict[str, float]:
+    """The recipe's numbers that TRL's PPOConfig/optimizer take (read in the workspace env)."""
+    from ppo_step_bench import RECIPE
+
+    from klppo_train.config import load_config
+
+    c = load_config(RECIPE, [])
+    if c.actor.weight_decay != c.critic.weight_decay:
+        sys.exit("TRL has one optimizer: the recipe's actor and critic weight decay must agree")
+    return {
+        "actor_lr": c.actor.lr, "critic_lr": c.critic.lr, "weight_decay": c.actor.weight_decay,
+        "kl_coef": c.algorithm.kl_ctrl.kl_coef, "gamma": c.algorithm.gamma,
+        "lam": c.algorithm.lam, "cliprange_value": c.critic.cliprange_value,
+        "temperature": c.rollout.sampling.temperature,
+    }  # fmt: skip
+
+
 def bench_inputs() -> tuple[Path, Path]:
     model, data = CACHE / "smollm2", CACHE / "data"
     if not (model / "config.json").exists() or not (data / "train.parquet").exists():
@@ -245,6 +266,7 @@ def main() -> None:
     parser.add_argument("--rollout-micro", type=int, default=32)
     parser.add_argument("--venv", type=Path, default=CACHE / "trl-venv")
     parser.add_argument("--with-klppo", action="store_true")
+    parser.add_argument("--klppo-row", default="bf16", help="a ppo_step_bench row name")
     parser.add_argument(
         "--allocator",
         choices=("tcmalloc", "system"),
@@ -258,22 +280,23 @@ def main() -> None:
         return worker(json.loads(args.worker))
     py = ensure_venv(args.venv)
     model, data = bench_inputs()
+    recipe = recipe_numbers()
     rows = []
     for setting in args.settings.split(","):
         klppo_s = None
         if args.with_klppo:
             import ppo_step_bench as psb
 
-            overrides = [*psb.setting_overrides(setting), *psb.ROWS["bf16"]]
+            overrides = [*psb.setting_overrides(setting), *psb.ROWS[args.klppo_row]]
             m = psb.run_row(model, data, overrides, args.steps)
-            klppo_s = m["timing_s/step"]
-            rows.append({"setting": setting, "variant": "klppo bf16", "step_s": klppo_s})
+            klppo_s, name = m["timing_s/step"], f"klppo {args.klppo_row}"
+            rows.append({"setting": setting, "variant": name, "step_s": klppo_s})
             rows[-1].update(peak_rss_gb=m["peak_rss_gb"], allocator="trainer.allocator=auto")
-            print(f"  {setting} klppo bf16: {klppo_s:.1f} s/step", flush=True)
+            print(f"  {setting} {name}: {klppo_s:.1f} s/step", flush=True)
         for variant in args.variants.split(","):
             cfg = {"setting": setting, "variant": variant, "steps": args.steps, "micro": args.micro}
             cfg.update(rollout_micro=args.rollout_micro, model=str(model))
-            cfg.update(data=str(data / "train.parquet"))
+            cfg.update(data=str(data / "train.parquet"), recipe=recipe)
             tcmalloc = args.allocator == "tcmalloc"
             r = {"setting": setting, "variant": f"TRL {variant}", **run_trl(py, cfg, tcmalloc)}
             if klppo_s and r["step_s"]:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from klppo_train.config import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -60,4 +62,7 @@ def test_trl_ppo_bench_runs_trl_in_its_own_venv(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     (row,) = result["rows"]
     assert row["variant"] == "TRL fp32" and row["step_s"] > 0 and row["mixed_precision"] == "no"
+    recipe = load_config(ROOT / "apps" / "train" / "recipes" / "smollm2_arith.yaml", [])
+    assert row["lrs"] == [recipe.actor.lr, recipe.critic.lr]  # the recipe's, as klppo runs it
+    assert row["kl_coef"] == recipe.algorithm.kl_ctrl.kl_coef
     assert result["versions"]["torch"].endswith("+cpu") and result["versions"]["trl"] == "1.12.0"
