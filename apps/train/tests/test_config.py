@@ -86,6 +86,10 @@ def test_unknown_keys_and_bad_types(override: str, match: str) -> None:
         (["rollout.vllm.sleep_level=3"], "rollout.vllm.sleep_level must be 1 or 2, got 3"),
         (["rollout.hf.max_tokens_per_batch=0"], "rollout.hf.max_tokens_per_batch must be >= 1"),
         (["actor.loss_agg_mode=sum"], "actor.loss_agg_mode='sum'"),
+        (
+            ["model.attn_implementation=sdpa"],
+            "model.share_prompts=true needs model.attn_implementation=klppo_varlen",
+        ),
     ],
 )
 def test_validation_names_the_key(overrides, match) -> None:

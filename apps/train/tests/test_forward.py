@@ -63,8 +63,7 @@ def test_gradients_flow_and_match(attention: str) -> None:
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-@ATTENTION
-def test_critic_values_match_the_padded_forward(attention: str) -> None:
+def tiny_critic(attention: str):
     from transformers import Qwen2ForTokenClassification
 
     config = build_model(VOCAB, seed=0, hidden=64).config
@@ -72,6 +71,12 @@ def test_critic_values_match_the_padded_forward(attention: str) -> None:
     torch.manual_seed(1)
     critic = Qwen2ForTokenClassification(config).eval()
     critic.set_attn_implementation(attention)
+    return critic
+
+
+@ATTENTION
+def test_critic_values_match_the_padded_forward(attention: str) -> None:
+    critic = tiny_critic(attention)
     ids, mask, response_mask = batch()
     got = response_values(critic, ids, mask, T, max_tokens=16)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -118,3 +123,61 @@ def test_varlen_attention_finds_the_sequences_from_position_ids_alone() -> None:
         cross = tiny_model(VARLEN).eval()(input_ids=p.input_ids, use_cache=False).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert not torch.allclose(cross, want, atol=1e-3)  # arange positions: one long sequence
+
+
+def grouped_batch(n: int = 3):
+    """``batch()``'s prompts, each with ``n`` different responses, rows shuffled."""
+    ids, mask, _ = batch()
+    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+    responses, _ = prompt_response_batch([0] * ids.shape[0], [5, 2, 0, 4, 3] * n, P, T, VOCAB)
+    ids[:, P:], mask[:, P:] = responses[:, P:], (responses[:, P:] > 0).long()
+    order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(2))
+    return ids[order], mask[order], mask[order][:, P:]
+
+
+def tokens_run(model) -> list[int]:
+    """Record how many tokens each forward of ``model`` embeds."""
+    counts: list[int] = []
+    model.get_input_embeddings().register_forward_hook(
+        lambda module, args, out: counts.append(args[0].numel())
+    )
+    return counts
+
+
+@pytest.mark.parametrize("max_tokens", [20, 1000])
+def test_shared_prompts_run_each_prompt_once_with_the_same_logprobs_and_gradients(max_tokens):
+    """``model.share_prompts``: a prompt's samples share its tokens in the packed row; the
+    log-probs, entropies and gradients are those of the padded forward, and fewer tokens
+    run through the model."""
+    ids, mask, response_mask = grouped_batch()
+    valid = response_mask.bool()
+    results = {}
+    for share in (False, True):
+        model = tiny_model(VARLEN)
+        counts = tokens_run(model)
+        got, entropy = response_logprobs(
+            model, ids, mask, T, max_tokens=max_tokens, with_entropy=True, share_prompts=share
+        )
+        (got * response_mask).sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        results[share] = (got[valid], entropy[valid], grads, sum(counts))
+    want, want_entropy = padded_reference(tiny_model("sdpa"), ids, mask, 1.0)
+    shared, plain = results[True], results[False]
+    torch.testing.assert_close(shared[0], want[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared[1], want_entropy[valid], atol=1e-5, rtol=0)
+    for a, b in zip(shared[2], plain[2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert plain[3] == int(mask.sum())
+    # prompts of 6, 3, 4, 1, 5 tokens, 3 samples each: all but one token per prompt runs once
+    saved = 2 * sum(p - 1 for p in [6, 3, 4, 1, 5])
+    assert shared[3] == int(mask.sum()) - saved if max_tokens == 1000 else shared[3] < plain[3]
+
+
+def test_shared_critic_values_match() -> None:
+    critic = tiny_critic(VARLEN)
+    ids, mask, response_mask = grouped_batch()
+    with torch.no_grad():
+        got = response_values(critic, ids, mask, T, max_tokens=30, share_prompts=True)
+        want = response_values(critic, ids, mask, T, max_tokens=30)
+    valid = response_mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)

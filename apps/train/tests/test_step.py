@@ -7,6 +7,7 @@ import torch
 from transformers import Qwen2ForTokenClassification
 
 from klppo_train.algorithm import make_advantage_fn, make_kl_controller
+from klppo_train.attention import VARLEN
 from klppo_train.budgets import budgets_from_config
 from klppo_train.components import Components
 from klppo_train.config import load_config
@@ -44,6 +45,8 @@ def components(tokenizer) -> Components:
     config.num_labels, config.classifier_dropout = 1, 0.0
     torch.manual_seed(1)
     critic = Qwen2ForTokenClassification(config)
+    for model in (actor, critic):  # as the trainer builds them (model.share_prompts needs it)
+        model.set_attn_implementation(VARLEN)
     cfg = load_config(None, OVERRIDES)
     engine = HFEngine(copy.deepcopy(actor), HFEngineConfig(pad_token_id=0, eos_token_ids=(1,)))
     return cfg, Components(
@@ -150,6 +153,29 @@ def test_on_policy_step_skips_the_old_log_prob_pass() -> None:
     # two mini-batches: the pass runs (once: one micro-batch at this budget)
     metrics, calls = _step_with(["algorithm.use_kl_in_reward=false"])
     assert calls == 1 and metrics["actor/on_policy_shortcut"] == 0.0
+
+
+def test_shared_prompts_run_fewer_tokens_for_the_same_step() -> None:
+    """``model.share_prompts``: the same step (same samples, losses, KL, gradients) with each
+    prompt's tokens run once for its two samples in every pass of the actor."""
+    runs = {}
+    for share in ("true", "false"):
+        tokenizer = build_tokenizer()
+        _, c = components(tokenizer)
+        cfg = load_config(None, [*OVERRIDES, f"model.share_prompts={share}"])
+        items = PromptDataset(
+            make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
+        ).items
+        embedded = [0]
+        c.actor.get_input_embeddings().register_forward_hook(
+            lambda module, args, out, n=embedded: n.__setitem__(0, n[0] + args[0].numel())
+        )
+        runs[share] = (ppo_step(c, items, cfg, step=0, version=1), embedded[0])
+    (shared, shared_tokens), (plain, plain_tokens) = runs["true"], runs["false"]
+    assert shared_tokens < 0.75 * plain_tokens  # ~30-token prompts, 4-token responses
+    for name in ("actor/pg_loss", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss"):
+        assert math.isclose(shared[name], plain[name], rel_tol=1e-4, abs_tol=1e-6), name
+    assert shared["response_length/mean"] == plain["response_length/mean"]
 
 
 def test_static_micro_batches_follow_the_per_gpu_sizes() -> None:

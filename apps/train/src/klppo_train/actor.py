@@ -34,7 +34,9 @@ class PolicyBatch:
     engine_logprobs: torch.Tensor | None = None
 
 
-def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, temperature: float):
+def _micro_batch_loss(
+    model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, temperature: float, share: bool
+):
     T = mb.response_mask.shape[1]
     budget = int(mb.attention_mask.sum(-1).sum())  # the whole micro-batch in one packed row
     on_policy = mb.old_logprobs is None
@@ -47,6 +49,7 @@ def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, te
         temperature=temperature,
         with_entropy=cfg.entropy_coeff > 0 or on_policy,
         num_micro_batches=1,
+        share_prompts=share,
     )
     loss, metrics = policy_loss(
         logprobs,
@@ -74,9 +77,14 @@ def _micro_batch_loss(model, mb: PolicyBatch, cfg: ActorConfig, counts: dict, te
     return loss, metrics
 
 
-def actor_micro_loss(cfg: ActorConfig, temperature: float = 1.0) -> MicroLoss:
-    """The actor's loss on one micro-batch, as :mod:`klppo_train.update` calls it."""
-    return lambda model, mb, counts: _micro_batch_loss(model, mb, cfg, counts, temperature)
+def actor_micro_loss(
+    cfg: ActorConfig, temperature: float = 1.0, share_prompts: bool = False
+) -> MicroLoss:
+    """The actor's loss on one micro-batch, as :mod:`klppo_train.update` calls it
+    (``share_prompts``: :func:`klppo_train.forward.response_logprobs`)."""
+    return lambda model, mb, counts: _micro_batch_loss(
+        model, mb, cfg, counts, temperature, share_prompts
+    )
 
 
 def actor_update_step(
@@ -87,15 +95,16 @@ def actor_update_step(
     *,
     max_tokens: int,
     temperature: float = 1.0,
+    share_prompts: bool = False,
 ) -> dict[str, float]:
     """One optimizer step on this rank's part of a mini-batch, in micro-batches of at most
     ``max_tokens`` (the run's actor budget, :mod:`klppo_train.budgets`); ``actor/*``
-    metrics."""
+    metrics. ``share_prompts``: a prompt's samples run its tokens once per micro-batch."""
     return micro_batch_step(
         model,
         optimizer,
         batch,
-        actor_micro_loss(cfg, temperature),
+        actor_micro_loss(cfg, temperature, share_prompts),
         max_tokens=max_tokens,
         micro_batch_size=static_micro_batch_size(
             cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu
@@ -103,4 +112,5 @@ def actor_update_step(
         grad_clip=cfg.grad_clip,
         offload_optimizer=cfg.fsdp.optimizer_offload,
         prefix="actor",
+        share_prompts=share_prompts,
     )

@@ -6,7 +6,9 @@ Why: with transformers' ``sdpa``, a packed ``[1, nnz]`` row gets a dense block-d
 the memory of a large micro-batch). ``klppo_varlen`` reads the flash-attn varlen kwargs
 (``cu_seq_lens_q``, which :meth:`batching.Packing.model_kwargs` passes) and attends each
 sequence to itself only, at a cost linear in Σ Lᵢ². The same kwargs drive
-``flash_attention_2`` where flash-attn is installed on a GPU.
+``flash_attention_2`` where flash-attn is installed on a GPU. A shared-prompt packing
+(:func:`batching.pack_shared_prompts`) passes its ``packed_layout`` instead: only
+``klppo_varlen`` can run it.
 
 Calls that are not packed keep transformers' own ``sdpa`` behaviour: a 2-D padding mask is
 turned into sdpa's mask as usual and attended with sdpa (the embedded warm-up, greedy
@@ -67,12 +69,15 @@ def varlen_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    cu_seqlens = kwargs.get("cu_seq_lens_q")
-    if cu_seqlens is None:
-        cu_seqlens = cu_seqlens_from_positions(kwargs["position_ids"])
+    layout = kwargs.get("packed_layout")  # a shared-prompt packing (batching.Packing.layout)
+    if layout is None:
+        cu_seqlens = kwargs.get("cu_seq_lens_q")
+        if cu_seqlens is None:
+            cu_seqlens = cu_seqlens_from_positions(kwargs["position_ids"])
+        layout = _layout(cu_seqlens)
     out = varlen_causal_attention(
         *(t[0].transpose(0, 1) for t in (query, key, value)),
-        _layout(cu_seqlens),
+        layout,
         scale=scaling,
         dropout_p=dropout,
     )
@@ -94,11 +99,16 @@ AttentionMaskInterface.register(VARLEN, _varlen_mask)
 IMPLEMENTATIONS = ("auto", VARLEN, "flash_attention_2", "sdpa", "eager")
 
 
-def packed_attention_implementation(setting: str, device: torch.device) -> str:
-    """``model.attn_implementation``; ``auto`` = ``flash_attention_2`` on CUDA where flash-attn
+def packed_attention_implementation(
+    setting: str, device: torch.device, share_prompts: bool = False
+) -> str:
+    """``model.attn_implementation``; ``auto`` = ``klppo_varlen`` with ``model.share_prompts``
+    (only it attends over a shared prompt), else ``flash_attention_2`` on CUDA where flash-attn
     is installed, else ``klppo_varlen``."""
     if setting != "auto":
         return setting
+    if share_prompts:
+        return VARLEN
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return VARLEN

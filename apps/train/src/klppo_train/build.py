@@ -119,7 +119,9 @@ def compile_blocks(model) -> int:
 def _load(cfg: AppConfig, cls, model_dir: Path, dtype: torch.dtype, **kwargs):
     """A HF model with the packed attention the trainer's forward passes use (and its
     blocks compiled when ``model.compile``)."""
-    attention = packed_attention_implementation(cfg.model.attn_implementation, default_device())
+    attention = packed_attention_implementation(
+        cfg.model.attn_implementation, default_device(), cfg.model.share_prompts
+    )
     model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention, **kwargs)
     if cfg.model.compile:
         log.info("torch.compile: %d blocks of %s", compile_blocks(model), type(model).__name__)

@@ -42,6 +42,10 @@ class ModelConfig:
     # flash-attn is installed, else klppo_varlen) | klppo_varlen | flash_attention_2 | sdpa
     # (transformers' dense [nnz, nnz] block mask) | eager. klppo_train.attention
     attn_implementation: str = "auto"
+    # The n samples of a prompt run its tokens once per micro-batch in every training-side
+    # pass (batching.pack_shared_prompts; exact). Needs klppo_varlen: true makes auto pick
+    # it, and refuses sdpa / eager / flash_attention_2 (set false for those).
+    share_prompts: bool = True
     # Embedded model only: supervised warm-up before PPO, at most ``warmup_steps`` steps,
     # stopping once greedy accuracy on training rows reaches ``warmup_target_accuracy``.
     warmup_steps: int = 400

@@ -25,7 +25,7 @@ class ValueBatch:
     returns: torch.Tensor
 
 
-def _micro_batch_loss(model: nn.Module, mb: ValueBatch, cfg: CriticConfig, counts: dict):
+def _micro_batch_loss(model: nn.Module, mb: ValueBatch, cfg: CriticConfig, counts, share: bool):
     budget = int(mb.attention_mask.sum())  # the whole micro-batch in one packed row
     values = response_values(
         model,
@@ -34,6 +34,7 @@ def _micro_batch_loss(model: nn.Module, mb: ValueBatch, cfg: CriticConfig, count
         mb.response_mask.shape[1],
         max_tokens=budget,
         num_micro_batches=1,
+        share_prompts=share,
     )
     return value_loss(
         values,
@@ -46,9 +47,10 @@ def _micro_batch_loss(model: nn.Module, mb: ValueBatch, cfg: CriticConfig, count
     )
 
 
-def critic_micro_loss(cfg: CriticConfig) -> MicroLoss:
-    """The critic's loss on one micro-batch, as :mod:`klppo_train.update` calls it."""
-    return lambda model, mb, counts: _micro_batch_loss(model, mb, cfg, counts)
+def critic_micro_loss(cfg: CriticConfig, share_prompts: bool = False) -> MicroLoss:
+    """The critic's loss on one micro-batch, as :mod:`klppo_train.update` calls it
+    (``share_prompts``: :func:`klppo_train.forward.response_values`)."""
+    return lambda model, mb, counts: _micro_batch_loss(model, mb, cfg, counts, share_prompts)
 
 
 def critic_update_step(
@@ -58,14 +60,16 @@ def critic_update_step(
     cfg: CriticConfig,
     *,
     max_tokens: int,
+    share_prompts: bool = False,
 ) -> dict[str, float]:
     """One optimizer step on this rank's part of a mini-batch, in micro-batches of at most
-    ``max_tokens`` (the run's critic budget); ``critic/*`` metrics."""
+    ``max_tokens`` (the run's critic budget); ``critic/*`` metrics. ``share_prompts``: a
+    prompt's samples run its tokens once per micro-batch."""
     return micro_batch_step(
         model,
         optimizer,
         batch,
-        critic_micro_loss(cfg),
+        critic_micro_loss(cfg, share_prompts),
         max_tokens=max_tokens,
         micro_batch_size=static_micro_batch_size(
             cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu
@@ -73,4 +77,5 @@ def critic_update_step(
         grad_clip=cfg.grad_clip,
         offload_optimizer=cfg.fsdp.optimizer_offload,
         prefix="critic",
+        share_prompts=share_prompts,
     )

@@ -15,8 +15,18 @@ import torch
 from torch import nn
 
 from batching import PackedFn, Packing, next_token_labels, per_response_token
+from klppo_train.attention import VARLEN
 from klppo_train.faults import FAULTS
 from ppo_core import logprobs_and_entropy
+
+
+def _checked_sharing(model: nn.Module, share_prompts: bool) -> bool:
+    # Any other attention ignores the shared layout and attends across sequences: refuse
+    # rather than return wrong numbers (the config check makes this a bug, not a user error).
+    attention = getattr(model.config, "_attn_implementation", None)
+    if share_prompts and attention != VARLEN:
+        raise ValueError(f"share_prompts needs the {VARLEN} attention; the model has {attention}")
+    return share_prompts
 
 
 def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
@@ -44,6 +54,7 @@ def response_values(
     max_tokens: int,
     micro_batch_size: int | None = None,
     num_micro_batches: int | None = None,
+    share_prompts: bool = False,
 ) -> torch.Tensor:
     """Critic values ``[B, T]`` (a token-classification model with one label), V of the state
     before each response token; same micro-batching and packing as :func:`response_logprobs`."""
@@ -56,6 +67,7 @@ def response_values(
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
         num_micro_batches=num_micro_batches,
+        share_prompts=_checked_sharing(model, share_prompts),
     )
     return values
 
@@ -71,6 +83,7 @@ def response_logprobs(
     with_entropy: bool = False,
     micro_batch_size: int | None = None,
     num_micro_batches: int | None = None,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(response token | everything before it), and optionally the entropy there.
 
@@ -84,6 +97,9 @@ def response_logprobs(
         with_entropy: also return the entropy of each response position's distribution.
         micro_batch_size: fixed micro-batches of this many sequences instead of the budget.
         num_micro_batches: force this count (after ``batching.sync_num_micro_batches``).
+        share_prompts: the samples of a prompt run its tokens once per micro-batch
+            (``batching.pack_shared_prompts``; ``model.share_prompts``); needs the
+            ``klppo_varlen`` attention. ``max_tokens`` then counts the tokens that run.
 
     Returns:
         ``(logprobs [B, T], entropy [B, T] or None)``; values at response padding are not
@@ -98,5 +114,6 @@ def response_logprobs(
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
         num_micro_batches=num_micro_batches,
+        share_prompts=_checked_sharing(model, share_prompts),
     )
     return outputs[0], outputs[1] if with_entropy else None

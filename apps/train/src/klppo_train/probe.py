@@ -86,7 +86,11 @@ def role_pass(c: Components, cfg: AppConfig, role: str) -> Callable[[SyntheticBa
     """``run(batch, budget)``: the role's most demanding pass at ``budget``."""
 
     def update(model, optimizer, loss, batch, budget: int) -> None:
-        accumulate_gradients(model, batch, loss, max_tokens=budget, prefix=role)
+        # The step's own packing (synthetic prompts all differ: nothing is shared).
+        share = cfg.model.share_prompts
+        accumulate_gradients(
+            model, batch, loss, max_tokens=budget, prefix=role, share_prompts=share
+        )
         optimizer.zero_grad(set_to_none=True)
 
     def actor(b: SyntheticBatch, budget: int) -> None:
@@ -98,13 +102,14 @@ def role_pass(c: Components, cfg: AppConfig, role: str) -> Callable[[SyntheticBa
             advantages.to(zeros.device), ref_logprobs=zeros, engine_logprobs=zeros,
         )  # fmt: skip
         temperature = cfg.rollout.sampling.temperature
-        loss = actor_micro_loss(cfg.actor, temperature)
+        loss = actor_micro_loss(cfg.actor, temperature, cfg.model.share_prompts)
         update(c.actor, c.actor_optimizer, loss, batch, budget)
 
     def critic(b: SyntheticBatch, budget: int) -> None:
         zeros = torch.zeros(b.response_mask.shape, device=b.input_ids.device)
         batch = ValueBatch(b.input_ids, b.attention_mask, b.response_mask, zeros, zeros + 1)
-        update(c.critic, c.critic_optimizer, critic_micro_loss(cfg.critic), batch, budget)
+        loss = critic_micro_loss(cfg.critic, cfg.model.share_prompts)
+        update(c.critic, c.critic_optimizer, loss, batch, budget)
 
     def forward(model, section, entropy: bool):
         def run(b: SyntheticBatch, budget: int) -> None:

@@ -51,17 +51,25 @@ def score_responses(c: Components, items: Sequence[PromptItem], t: RolloutTensor
     return RewardManager.token_scores(t.response_ids, t.response_mask, scores)
 
 
-def _mini_batches(num_rows: int, rows_per_mini: int, seed: int) -> list[torch.Tensor]:
-    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed))
-    return [order[i : i + rows_per_mini] for i in range(0, num_rows, rows_per_mini)]
+def _mini_batches(prompts: torch.Tensor, rows_per_mini: int, seed: int) -> list[torch.Tensor]:
+    """Row indices of mini-batches of whole prompts in a shuffled order: a prompt's ``n``
+    samples stay in one mini-batch (as in verl, whose mini-batches count prompts), so
+    GRPO-style groups and shared prompt tokens (``model.share_prompts``) stay together."""
+    _, prompt = torch.unique(prompts.cpu(), return_inverse=True)
+    shuffled = torch.randperm(int(prompt.max()) + 1, generator=torch.Generator().manual_seed(seed))
+    place = torch.empty_like(shuffled)
+    place[shuffled] = torch.arange(len(shuffled))
+    order = torch.argsort(place[prompt], stable=True)
+    return [order[i : i + rows_per_mini] for i in range(0, len(order), rows_per_mini)]
 
 
-def _epochs(update, batch, epochs: int, rows_per_mini: int, seed: int) -> dict[str, float]:
-    """Run ``update`` over shuffled mini-batches for ``epochs``; average the metrics."""
+def _epochs(update, batch, prompts, epochs: int, rows_per_mini: int, seed: int) -> dict:
+    """Run ``update`` over shuffled mini-batches of whole prompts (``prompts``: each row's
+    prompt index) for ``epochs``; average the metrics."""
     sums: dict[str, float] = {}
     steps = 0
     for epoch in range(epochs):
-        for rows in _mini_batches(batch.response_mask.shape[0], rows_per_mini, seed + epoch):
+        for rows in _mini_batches(prompts, rows_per_mini, seed + epoch):
             for name, value in update(select_rows(batch, rows)).items():
                 sums[name] = sums.get(name, 0.0) + value
             steps += 1
@@ -93,6 +101,7 @@ def no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, budget: int
         micro_batch_size=static_micro_batch_size(
             role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu
         ),
+        share_prompts=cfg.model.share_prompts,
         **kwargs,
     )
 
@@ -108,6 +117,7 @@ def no_grad_values(model, t: RolloutTensors, cfg: AppConfig, budget: int) -> tor
             micro_batch_size=static_micro_batch_size(
                 cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
             ),
+            share_prompts=cfg.model.share_prompts,
         )
 
 
@@ -193,7 +203,8 @@ def _update_critic(c: Components, t: RolloutTensors, p, returns, cfg: AppConfig,
         return _pass(
             c, cfg, "update_critic", step,
             lambda budget: critic_update_step(
-                c.critic, c.critic_optimizer, mb, cfg.critic, max_tokens=budget
+                c.critic, c.critic_optimizer, mb, cfg.critic, max_tokens=budget,
+                share_prompts=cfg.model.share_prompts,
             ),
             reset=lambda: c.critic_optimizer.zero_grad(set_to_none=True),
         )  # fmt: skip
@@ -201,6 +212,7 @@ def _update_critic(c: Components, t: RolloutTensors, p, returns, cfg: AppConfig,
     return _epochs(
         update,
         batch,
+        t.prompt_index,
         cfg.critic.ppo_epochs,
         cfg.critic.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
         step,
@@ -224,6 +236,7 @@ def _update_actor(c: Components, t: RolloutTensors, p, advantages, cfg: AppConfi
             lambda budget: actor_update_step(
                 c.actor, c.actor_optimizer, mb, cfg.actor, max_tokens=budget,
                 temperature=cfg.rollout.sampling.temperature,
+                share_prompts=cfg.model.share_prompts,
             ),
             reset=lambda: c.actor_optimizer.zero_grad(set_to_none=True),
         )  # fmt: skip
@@ -231,6 +244,7 @@ def _update_actor(c: Components, t: RolloutTensors, p, advantages, cfg: AppConfi
     return _epochs(
         update,
         batch,
+        t.prompt_index,
         cfg.actor.ppo_epochs,
         cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
         step,

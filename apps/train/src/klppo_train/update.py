@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from batching import micro_batch_plan
+from batching import micro_batch_plan, prompt_prefixes
 from fsdp_sharding import clip_grad_norm, load_optimizer
 from fsdp_sharding import offload_optimizer as offload_optimizer_state
 from klppo_train.distributed import sum_over_ranks, world_size
@@ -62,16 +62,25 @@ def accumulate_gradients(
     max_tokens: int,
     micro_batch_size: int | None = None,
     prefix: str,
+    share_prompts: bool = False,
 ) -> dict[str, float]:
-    """Backward every micro-batch of ``batch`` (fields ``attention_mask``,
+    """Backward every micro-batch of ``batch`` (fields ``input_ids``, ``attention_mask``,
     ``response_mask``) into the gradients; ``{prefix}/*`` metrics, token-weighted (a name
     with its own ``/`` is kept as is; ``*_max`` metrics take the maximum). Micro-batches:
-    within ``max_tokens``, or of ``micro_batch_size`` sequences (static)."""
+    within ``max_tokens``, or of ``micro_batch_size`` sequences (static); with
+    ``share_prompts`` a prompt's samples stay together and its prefix counts once (the
+    loss must then pack them shared: ``batching.pack_shared_prompts``)."""
     mask = batch.response_mask
     counts = global_counts(mask)
     # Every rank the same number of micro-batches: FSDP's collectives pair up.
     lengths = batch.attention_mask.sum(-1)
-    plan = micro_batch_plan(lengths, max_tokens, micro_batch_size, sync_ranks=True)
+    prefixes = None
+    if share_prompts:
+        prompt_length = batch.input_ids.shape[1] - mask.shape[1]
+        prefixes = prompt_prefixes(batch.input_ids, batch.attention_mask, prompt_length)
+    plan = micro_batch_plan(
+        lengths, max_tokens, micro_batch_size, sync_ranks=True, prefixes=prefixes
+    )
     totals: dict[str, float] = {}
     for members in plan.micro_batches:
         mb = select_rows(batch, torch.tensor(members, device=mask.device))
@@ -95,6 +104,7 @@ def micro_batch_step(
     grad_clip: float,
     prefix: str,
     offload_optimizer: bool = False,
+    share_prompts: bool = False,
 ) -> dict[str, float]:
     """:func:`accumulate_gradients`, clip, step (skipped on a non-finite norm), zero the
     gradients; the metrics with ``{prefix}/grad_norm``. ``offload_optimizer``: the
@@ -106,6 +116,7 @@ def micro_batch_step(
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
         prefix=prefix,
+        share_prompts=share_prompts,
     )
     grad_norm = clip_grad_norm(model, grad_clip)
     if torch.isfinite(grad_norm):

@@ -12,7 +12,7 @@ from batching import check_token_budgets
 from fsdp_sharding import default_device
 from klppo_train.algorithm import ADV_ESTIMATORS
 from klppo_train.allocator import check_allocator
-from klppo_train.attention import IMPLEMENTATIONS
+from klppo_train.attention import IMPLEMENTATIONS, VARLEN
 from klppo_train.budgets import AUTO, DYNAMIC_KEYS, longest_sequence, uses_budget
 from klppo_train.budgets import KEYS as BUDGET_KEYS
 from klppo_train.config import AppConfig
@@ -116,6 +116,12 @@ def _check_ranges(cfg: AppConfig) -> None:
     for key, allowed in CHOICES.items():
         if _get(cfg, key) not in allowed:
             raise ValueError(f"{key}={_get(cfg, key)!r}; valid: {', '.join(allowed)}")
+    attention = cfg.model.attn_implementation
+    if cfg.model.share_prompts and attention not in ("auto", VARLEN):
+        raise ValueError(
+            f"model.share_prompts=true needs model.attn_implementation={VARLEN} (or auto), got "
+            f"{attention!r}: only it can attend over a shared prompt; set model.share_prompts=false"
+        )
 
 
 def _check_budget_values(cfg: AppConfig) -> None:

@@ -10,6 +10,8 @@
 - :func:`pack` → :class:`Packing`, :func:`unpack`: sequence packing (remove padding)
 - :func:`varlen_causal_attention` over a :func:`varlen_layout`: packed causal attention at
   a cost linear in the sequences' own lengths (no ``[nnz, nnz]`` mask)
+- :func:`pack_shared_prompts`: the ``n`` samples of a prompt run its tokens once
+  (:func:`prompt_prefixes`, :func:`shared_prompt_plan` keeps a prompt in one micro-batch)
 - :func:`per_response_token`: a model's per-token outputs over a verl prompt + response
   batch, micro-batched and packed, back in input order
 - :func:`check_token_budgets`, :func:`suggest_token_budgets`: budget rules of thumb
@@ -21,6 +23,7 @@ from batching.attention import (
     AttentionGroup,
     VarlenLayout,
     group_by_length,
+    sequence_layout,
     varlen_causal_attention,
     varlen_layout,
 )
@@ -31,6 +34,7 @@ from batching.micro_batches import (
     MicroBatchPlan,
     first_fit_decreasing_count,
     fixed_size_micro_batches,
+    plan_from_parts,
     restore_order,
     sequence_workloads,
     token_budget_micro_batches,
@@ -45,6 +49,12 @@ from batching.packing import (
 )
 from batching.partition import balanced_partitions
 from batching.per_token import PackedFn, micro_batch_plan, per_response_token
+from batching.prompt_sharing import (
+    PromptPrefixes,
+    pack_shared_prompts,
+    prompt_prefixes,
+    shared_prompt_plan,
+)
 from batching.ranks import RankAssignment, balance_across_ranks
 
 try:
@@ -60,6 +70,7 @@ __all__ = [
     "MicroBatchPlan",
     "PackedFn",
     "Packing",
+    "PromptPrefixes",
     "RankAssignment",
     "TokenBudgets",
     "balance_across_ranks",
@@ -72,10 +83,15 @@ __all__ = [
     "micro_batch_plan",
     "next_token_labels",
     "pack",
+    "pack_shared_prompts",
     "pack_values",
     "per_response_token",
+    "plan_from_parts",
+    "prompt_prefixes",
     "restore_order",
+    "sequence_layout",
     "sequence_workloads",
+    "shared_prompt_plan",
     "suggest_token_budgets",
     "sync_num_micro_batches",
     "token_budget_micro_batches",

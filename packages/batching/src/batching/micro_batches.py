@@ -69,7 +69,7 @@ class MicroBatchPlan:
         return len(self.micro_batches)
 
 
-def _check_lengths(seq_lens, max_tokens: int) -> list[int]:
+def check_lengths(seq_lens, max_tokens: int) -> list[int]:
     lens = as_lengths(seq_lens)
     if not lens:
         raise ValueError("`seq_lens` is empty: there is nothing to split into micro-batches")
@@ -129,7 +129,7 @@ def first_fit_decreasing_count(seq_lens: Sequence[int], max_tokens: int) -> int:
     Always feasible, so it bounds the count :func:`token_budget_micro_batches` returns;
     first fit into fewer bins always fails (it places items the same way until it runs out).
     """
-    lens = _check_lengths(seq_lens, max_tokens)
+    lens = check_lengths(seq_lens, max_tokens)
     parts = _first_fit(_longest_first(lens), lens, len(lens), max_tokens)
     return sum(1 for p in parts if p)
 
@@ -187,12 +187,21 @@ def _pack_into(k, lens, weights, max_tokens, ffd_count) -> list[list[int]] | Non
 
 
 def _make_plan(parts: list[list[int]], lens: list[int], max_tokens: int) -> MicroBatchPlan:
-    parts = sorted((sorted(p) for p in parts), key=lambda p: p[0])
-    inverse = [0] * len(lens)
-    for row, i in enumerate(i for p in parts for i in p):
+    sums = [sum(lens[i] for i in p) for p in parts]
+    return plan_from_parts(parts, len(lens), sums, max_tokens)
+
+
+def plan_from_parts(
+    parts: list[list[int]], n: int, token_sums: list[int], max_tokens: int
+) -> MicroBatchPlan:
+    """The :class:`MicroBatchPlan` of ``parts`` (sequence indices covering ``range(n)``, each
+    part's tokens in ``token_sums``), in the plan's canonical order (by first sequence)."""
+    ranked = sorted(zip((sorted(p) for p in parts), token_sums, strict=True), key=lambda x: x[0][0])
+    inverse = [0] * n
+    for row, i in enumerate(i for p, _ in ranked for i in p):
         inverse[i] = row
-    sums = tuple(sum(lens[i] for i in p) for p in parts)
-    return MicroBatchPlan(tuple(tuple(p) for p in parts), tuple(inverse), sums, max_tokens)
+    micro_batches = tuple(tuple(p) for p, _ in ranked)
+    return MicroBatchPlan(micro_batches, tuple(inverse), tuple(s for _, s in ranked), max_tokens)
 
 
 def token_budget_micro_batches(
@@ -220,7 +229,7 @@ def token_budget_micro_batches(
         ValueError: a sequence longer than ``max_tokens`` (naming its index and length), an
             empty batch, or a forced count that cannot respect the cap or exceeds n.
     """
-    lens = _check_lengths(seq_lens, max_tokens)
+    lens = check_lengths(seq_lens, max_tokens)
     weights = sequence_workloads(lens, workload)
     n = len(lens)
     if num_micro_batches is not None:

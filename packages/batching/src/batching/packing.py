@@ -50,6 +50,8 @@ from typing import Any
 
 import torch
 
+from batching.attention import VarlenLayout
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -66,6 +68,10 @@ class Packing:
             padded tensor.
         batch_size: ``B``, rows of the padded batch (zero-length rows included).
         seq_len: ``S``, columns of the padded batch.
+        layout: None for a plain packing. Set by :func:`batching.pack_shared_prompts`:
+            sequences then share packed prompt tokens, are no longer contiguous runs of the
+            row (``cu_seqlens`` only gives their full lengths), and the layout says which
+            packed tokens each attends over.
     """
 
     input_ids: torch.Tensor
@@ -75,6 +81,7 @@ class Packing:
     indices: torch.Tensor
     batch_size: int
     seq_len: int
+    layout: VarlenLayout | None = None
 
     @property
     def nnz(self) -> int:
@@ -100,7 +107,19 @@ class Packing:
         are what ``flash_attention_2`` and a varlen attention registered with transformers
         (:func:`batching.varlen_causal_attention`) read instead; other attention
         implementations ignore them.
+
+        A shared-prompt packing (``layout`` set) passes its layout as ``packed_layout``
+        instead, and no varlen kwargs: they could not describe it. Only an attention that
+        reads the layout (:func:`batching.varlen_causal_attention`) computes it correctly.
         """
+        if self.layout is not None:
+            return {
+                "input_ids": self.input_ids,
+                "position_ids": self.position_ids,
+                "attention_mask": None,
+                "use_cache": False,
+                "packed_layout": self.layout,
+            }
         return {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
@@ -120,10 +139,11 @@ class Packing:
             position_ids=self.position_ids.to(device),
             cu_seqlens=self.cu_seqlens.to(device),
             indices=self.indices.to(device),
+            layout=None if self.layout is None else self.layout.to(device),
         )
 
 
-def _check_pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+def check_pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     if input_ids.dim() != 2:
         raise ValueError(
             f"`input_ids` must have shape [B, S], got {tuple(input_ids.shape)} "
@@ -168,7 +188,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packing:
     Raises:
         ValueError: wrong shapes, dtypes or devices, or a mask value other than 0/1.
     """
-    _check_pack_inputs(input_ids, attention_mask)
+    check_pack_inputs(input_ids, attention_mask)
     batch_size, seq_len = input_ids.shape
     mask = attention_mask.to(torch.bool)
     indices = mask.reshape(-1).nonzero().squeeze(-1)

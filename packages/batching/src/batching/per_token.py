@@ -25,6 +25,12 @@ from batching.micro_batches import (
     token_budget_micro_batches,
 )
 from batching.packing import Packing, pack
+from batching.prompt_sharing import (
+    PromptPrefixes,
+    pack_shared_prompts,
+    prompt_prefixes,
+    shared_prompt_plan,
+)
 
 # compute(model, packing, keep) -> per-token outputs at the packed positions ``keep`` [K]
 PackedFn = Callable[[nn.Module, Packing, torch.Tensor], tuple[torch.Tensor, ...]]
@@ -46,6 +52,7 @@ def micro_batch_plan(
     *,
     sync_ranks: bool = False,
     group=None,
+    prefixes: PromptPrefixes | None = None,
 ) -> MicroBatchPlan:
     """Token-budget micro-batches (``use_dynamic_bsz``), or with ``micro_batch_size`` fixed
     ones of that many sequences (verl's static mode; the budget is then not used).
@@ -56,13 +63,22 @@ def micro_batch_plan(
     micro-batch's forward is a collective. All ranks must then call it. A given
     ``num_micro_batches`` is taken as already agreed (no collective), and fixed-size plans
     are equal already when the ranks hold equal numbers of sequences.
+
+    ``prefixes`` (:func:`~batching.prompt_prefixes`): budget micro-batches for
+    :func:`~batching.pack_shared_prompts`, a prompt's sequences kept together and the
+    budget counting each shared prefix once (:func:`~batching.shared_prompt_plan`).
     """
     if micro_batch_size is not None:
         return fixed_size_micro_batches(lengths, micro_batch_size)
+
+    def plan(count: int | None) -> MicroBatchPlan:
+        if prefixes is None:
+            return token_budget_micro_batches(lengths, max_tokens, num_micro_batches=count)
+        return shared_prompt_plan(lengths, prefixes, max_tokens, num_micro_batches=count)
+
     if sync_ranks and num_micro_batches is None:
-        own = len(token_budget_micro_batches(lengths, max_tokens))
-        num_micro_batches = sync_num_micro_batches(own, group)
-    return token_budget_micro_batches(lengths, max_tokens, num_micro_batches=num_micro_batches)
+        num_micro_batches = sync_num_micro_batches(len(plan(None)), group)
+    return plan(num_micro_batches)
 
 
 def per_response_token(
@@ -77,14 +93,21 @@ def per_response_token(
     num_micro_batches: int | None = None,
     sync_ranks: bool = True,
     group=None,
+    share_prompts: bool = False,
 ) -> list[torch.Tensor]:
     """Run ``compute`` per micro-batch; return each output as ``[B, T]``: the value at the
     position *before* each response token (the one that predicts it), in the input order.
 
     Under torch.distributed every rank of ``group`` runs the same number of micro-batches
     (``sync_ranks``, on by default: a sharded model's forward is a collective); pass
-    ``sync_ranks=False`` for a model that only this rank runs."""
+    ``sync_ranks=False`` for a model that only this rank runs.
+
+    ``share_prompts``: sequences with the same prompt run its tokens once per micro-batch
+    (:func:`~batching.pack_shared_prompts`; the model's attention must read
+    ``Packing.layout``), and ``max_tokens`` counts the tokens that run."""
     lengths = attention_mask.sum(-1)
+    prompt_length = input_ids.shape[1] - response_length
+    prefixes = prompt_prefixes(input_ids, attention_mask, prompt_length) if share_prompts else None
     plan = micro_batch_plan(
         lengths,
         max_tokens,
@@ -92,14 +115,18 @@ def per_response_token(
         num_micro_batches,
         sync_ranks=sync_ranks,
         group=group,
+        prefixes=prefixes,
     )
     # Position s predicts token s + 1: responses start at column P, so their values sit at
     # columns P - 1 .. P + T - 2.
-    start = input_ids.shape[1] - response_length - 1
+    start = prompt_length - 1
     outputs: list[list[torch.Tensor]] = []
     for members in plan.micro_batches:
         rows = torch.tensor(members, device=input_ids.device)
-        packing = pack(input_ids[rows], attention_mask[rows])
+        if share_prompts:
+            packing = pack_shared_prompts(input_ids[rows], attention_mask[rows], prompt_length)
+        else:
+            packing = pack(input_ids[rows], attention_mask[rows])
         column = packing.indices % packing.seq_len
         keep = ((column >= start) & (column < start + response_length)).nonzero().squeeze(-1)
         outputs.append([_padded(t, keep, packing) for t in compute(model, packing, keep)])
