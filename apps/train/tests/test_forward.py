@@ -181,3 +181,17 @@ def test_shared_critic_values_match() -> None:
         want = response_values(critic, ids, mask, T, max_tokens=30)
     valid = response_mask.bool()
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
+
+
+def test_a_shared_packing_needs_its_layout_and_the_varlen_attention() -> None:
+    """Never silently wrong: sdpa would attend across the samples of a shared packing, and
+    a shared packing whose layout did not reach klppo_varlen would lose its prompt."""
+    from batching import pack_shared_prompts
+
+    ids, mask, _ = grouped_batch()
+    with pytest.raises(ValueError, match="share_prompts needs the klppo_varlen attention"):
+        response_logprobs(tiny_model("sdpa"), ids, mask, T, max_tokens=1000, share_prompts=True)
+    p = pack_shared_prompts(ids, mask, P)
+    without_layout = {"input_ids": p.input_ids, "position_ids": p.position_ids, "use_cache": False}
+    with pytest.raises(ValueError, match="must start at position 0"), torch.no_grad():
+        tiny_model(VARLEN)(**without_layout)

@@ -178,6 +178,19 @@ def test_shared_prompts_run_fewer_tokens_for_the_same_step() -> None:
     assert shared["response_length/mean"] == plain["response_length/mean"]
 
 
+def test_mini_batches_hold_whole_prompts_in_a_seeded_order() -> None:
+    from klppo_train.step import _mini_batches
+
+    prompts = torch.tensor([3, 3, 0, 0, 7, 7, 5, 5])  # rows of 4 prompts, n = 2
+    batches = _mini_batches(prompts, rows_per_mini=4, seed=0)
+    assert sorted(torch.cat(batches).tolist()) == list(range(8))  # every row once
+    for rows in batches:
+        assert len(rows) == 4
+        assert all((prompts[rows] == p).sum() == 2 for p in prompts[rows])  # whole prompts
+    orders = {tuple(torch.cat(_mini_batches(prompts, 4, seed)).tolist()) for seed in range(8)}
+    assert len(orders) > 1  # shuffled: the seed decides the order of the prompts
+
+
 def test_static_micro_batches_follow_the_per_gpu_sizes() -> None:
     # use_dynamic_bsz=false (verl's static mode): fixed micro-batches of
     # *_micro_batch_size_per_gpu sequences; the budgets are not used (10 tokens would not

@@ -91,7 +91,7 @@ def toy_model(dim: int = 8, seed: int = 0):
 @given(
     groups=st.lists(
         st.tuples(
-            st.lists(st.integers(1, 31), min_size=1, max_size=P),
+            st.lists(st.integers(1, 31), min_size=0, max_size=P),
             st.lists(st.lists(st.integers(1, 31), max_size=T), min_size=1, max_size=4),
         ),
         min_size=1,

@@ -51,6 +51,17 @@ def cu_seqlens_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([boundaries, end]).to(torch.int32)
 
 
+def _check_starts(position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
+    # Sequences found from positions alone must start at 0: a shared-prompt packing whose
+    # layout was dropped on the way (a wrapper without **kwargs) has samples starting at
+    # their prompt's length, and would silently lose their prompt here.
+    if bool((position_ids[0, cu_seqlens[:-1].long()] != 0).any()):
+        raise ValueError(
+            "a packed row's sequences must start at position 0 (a shared-prompt packing "
+            "needs its packed_layout kwarg to reach the attention)"
+        )
+
+
 def varlen_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -74,6 +85,7 @@ def varlen_attention_forward(
         cu_seqlens = kwargs.get("cu_seq_lens_q")
         if cu_seqlens is None:
             cu_seqlens = cu_seqlens_from_positions(kwargs["position_ids"])
+            _check_starts(kwargs["position_ids"], cu_seqlens)
         layout = _layout(cu_seqlens)
     out = varlen_causal_attention(
         *(t[0].transpose(0, 1) for t in (query, key, value)),

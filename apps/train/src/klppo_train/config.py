@@ -38,8 +38,9 @@ class ModelConfig:
     # Compute dtype of actor, critic, reference and rollout: float32 | bfloat16 | auto
     # (bf16 on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.precision
     dtype: str = "auto"
-    # Attention of the trainer's packed forward passes: auto (flash_attention_2 on CUDA where
-    # flash-attn is installed, else klppo_varlen) | klppo_varlen | flash_attention_2 | sdpa
+    # Attention of the trainer's packed forward passes: auto (klppo_varlen with share_prompts;
+    # without it flash_attention_2 on CUDA where flash-attn is installed, else klppo_varlen)
+    # | klppo_varlen | flash_attention_2 | sdpa
     # (transformers' dense [nnz, nnz] block mask) | eager. klppo_train.attention
     attn_implementation: str = "auto"
     # The n samples of a prompt run its tokens once per micro-batch in every training-side

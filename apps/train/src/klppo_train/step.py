@@ -52,9 +52,10 @@ def score_responses(c: Components, items: Sequence[PromptItem], t: RolloutTensor
 
 
 def _mini_batches(prompts: torch.Tensor, rows_per_mini: int, seed: int) -> list[torch.Tensor]:
-    """Row indices of mini-batches of whole prompts in a shuffled order: a prompt's ``n``
-    samples stay in one mini-batch (as in verl, whose mini-batches count prompts), so
-    GRPO-style groups and shared prompt tokens (``model.share_prompts``) stay together."""
+    """Row indices of mini-batches in a shuffled order of whole prompts: a prompt's ``n``
+    samples stay in one mini-batch (as in verl, whose mini-batches count prompts) whenever
+    ``rows_per_mini`` is a multiple of ``n``, so GRPO-style groups and shared prompt tokens
+    (``model.share_prompts``) stay together."""
     _, prompt = torch.unique(prompts.cpu(), return_inverse=True)
     shuffled = torch.randperm(int(prompt.max()) + 1, generator=torch.Generator().manual_seed(seed))
     place = torch.empty_like(shuffled)
@@ -315,8 +316,9 @@ def ppo_step(
 
 def _perf_metrics(c: Components, t: RolloutTensors, cfg: AppConfig) -> dict[str, float]:
     """verl's ``perf/throughput`` (prompt + response tokens per second per device), the actor
-    update's achieved TFLOP/s (6 · params · tokens · epochs, attention not counted: divide by
-    the device's peak for MFU) and peak memory (CUDA: allocated/reserved this step; CPU: the
+    update's achieved TFLOP/s (6 · params · tokens · epochs, attention not counted, every
+    sample's prompt counted: with ``model.share_prompts`` fewer tokens ran; divide by the
+    device's peak for MFU) and peak memory (CUDA: allocated/reserved this step; CPU: the
     process's peak RSS so far)."""
     tokens = float(t.attention_mask.sum())
     out = {"perf/throughput": tokens / c.timings["timing_s/step"]}

@@ -175,7 +175,8 @@ def varlen_causal_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Causal self-attention of every packed sequence with itself only.
+    """Causal self-attention of every packed sequence with itself only (with its own tokens
+    and, in a :func:`sequence_layout`, the tokens it shares with others, e.g. a prompt).
 
     For each sequence ``s`` and query position ``i``:
     ``out[i] = softmax(scale · q_i Kₛ[:i+1]ᵀ) Vₛ[:i+1]``.
@@ -185,7 +186,8 @@ def varlen_causal_attention(
         key: ``[nnz, H_kv, D]``; ``H`` must be a multiple of ``H_kv`` (grouped-query
             attention shares each key/value head among ``H / H_kv`` query heads).
         value: ``[nnz, H_kv, D]``.
-        layout: from :func:`varlen_layout` for the row's ``cu_seqlens``.
+        layout: from :func:`varlen_layout` for the row's ``cu_seqlens``, or
+            :func:`sequence_layout` (``Packing.layout`` of a shared-prompt packing).
         scale: softmax scale; default ``1 / sqrt(D)``.
         dropout_p: attention dropout (training only).
 

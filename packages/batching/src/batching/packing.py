@@ -62,7 +62,8 @@ class Packing:
             tokens in their original order.
         position_ids: ``[1, nnz]`` int64 positions restarting at 0 for each sequence.
         cu_seqlens: ``[B + 1]`` int32 cumulative sequence lengths (flash-attn varlen
-            convention): sequence ``b`` is ``input_ids[0, cu_seqlens[b]:cu_seqlens[b+1]]``.
+            convention): sequence ``b`` is ``input_ids[0, cu_seqlens[b]:cu_seqlens[b+1]]``
+            (not with a ``layout``: see below).
         max_seqlen: length of the longest sequence (0 when every row is empty).
         indices: ``[nnz]`` int64 positions of the valid tokens in the flattened ``[B*S]``
             padded tensor.
