@@ -144,7 +144,7 @@ class Packing:
         )
 
 
-def check_pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+def _check_pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     if input_ids.dim() != 2:
         raise ValueError(
             f"`input_ids` must have shape [B, S], got {tuple(input_ids.shape)} "
@@ -189,7 +189,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packing:
     Raises:
         ValueError: wrong shapes, dtypes or devices, or a mask value other than 0/1.
     """
-    check_pack_inputs(input_ids, attention_mask)
+    _check_pack_inputs(input_ids, attention_mask)
     batch_size, seq_len = input_ids.shape
     mask = attention_mask.to(torch.bool)
     indices = mask.reshape(-1).nonzero().squeeze(-1)

@@ -30,7 +30,7 @@ Micro-batches keep a prompt's sequences together where the budget allows
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,7 +41,7 @@ from batching.micro_batches import (
     plan_from_parts,
     token_budget_micro_batches,
 )
-from batching.packing import Packing, check_pack_inputs
+from batching.packing import Packing, pack
 
 
 @dataclass(frozen=True)
@@ -97,37 +97,29 @@ def pack_shared_prompts(
         fills the other sequences' prefix positions with the pad value; every other position
         (the last prompt token and the response) is each sequence's own.
     """
-    check_pack_inputs(input_ids, attention_mask)
-    batch_size, seq_len = input_ids.shape
-    mask = attention_mask.to(torch.bool)
-    positions = (mask.long().cumsum(dim=-1) - 1).reshape(-1)
-    prefixes = prompt_prefixes(input_ids, mask, prompt_length)
-    flat = [row.nonzero().squeeze(-1) + b * seq_len for b, row in enumerate(mask)]
-    order, tokens, shared, start = [], [None] * batch_size, [0] * batch_size, 0
-    prefix_at: dict[int, torch.Tensor] = {}
-    for b in range(batch_size):
-        lead, n = prefixes.group[b], prefixes.prefix[b]
-        if lead not in prefix_at:  # the prompt's first sequence: its prefix goes in once
-            prefix_at[lead] = torch.arange(start, start + n)
-            order.append(flat[b][:n])
-            start += n
-        own = flat[b][n:]
-        order.append(own)
-        tokens[b] = torch.cat([prefix_at[lead], torch.arange(start, start + own.shape[0])])
-        shared[b] = 0 if lead == b else n
-        start += own.shape[0]
-    indices = torch.cat(order) if order else mask.new_zeros(0, dtype=torch.long)
-    layout = sequence_layout(tokens, shared, start, ratio).to(input_ids.device)
-    seq_lens = mask.sum(dim=-1)
-    return Packing(
-        input_ids=input_ids.reshape(-1)[indices].unsqueeze(0),
-        position_ids=positions[indices].unsqueeze(0),
-        cu_seqlens=torch.nn.functional.pad(seq_lens.cumsum(dim=0), (1, 0)).to(torch.int32),
-        max_seqlen=int(seq_lens.max()) if batch_size > 0 else 0,
-        indices=indices.to(input_ids.device),
-        batch_size=batch_size,
-        seq_len=seq_len,
-        layout=layout,
+    plain = pack(input_ids, attention_mask)
+    prefixes = prompt_prefixes(input_ids, attention_mask, prompt_length)
+    device = plain.indices.device
+    rows = plain.row_ids
+    starts = plain.cu_seqlens[:-1].long()
+    offset = torch.arange(plain.nnz, device=device) - starts[rows]
+    lead = torch.tensor(prefixes.group, device=device, dtype=torch.long)[rows]
+    prefix = torch.tensor(prefixes.prefix, device=device, dtype=torch.long)[rows]
+    # The plain row minus every later sample's copy of its prompt's prefix; each sample's
+    # slots then point at the kept tokens (a dropped prefix token: the lead's copy).
+    dropped = (lead != rows) & (offset < prefix)
+    source = torch.where(dropped, starts[lead] + offset, torch.arange(plain.nnz, device=device))
+    kept = ~dropped
+    attended = (kept.cumsum(0) - 1)[source]
+    tokens = list(attended.split(plain.seq_lens.tolist()))
+    pairs = zip(prefixes.group, prefixes.prefix, strict=True)
+    not_owned = [0 if g == b else n for b, (g, n) in enumerate(pairs)]
+    return replace(
+        plain,
+        input_ids=plain.input_ids[:, kept],
+        position_ids=plain.position_ids[:, kept],
+        indices=plain.indices[kept],
+        layout=sequence_layout(tokens, not_owned, int(kept.sum()), ratio),
     )
 
 
