@@ -22,22 +22,28 @@ def write_results(data: Any, out: Path) -> None:
 
 def with_trainer_allocator() -> None:
     """Re-execute this benchmark with the allocator a training run has
-    (``trainer.allocator=auto``: tcmalloc where the system has it), so that what it times in
-    its own process is timed as in a run (glibc's malloc page-faults large tensors in again
-    on every pass: SmolLM2's bf16 packed forward of 16k tokens, 11.7 s vs 6.5 s)."""
-    from klppo_train.allocator import reexec_with_tcmalloc
+    (``trainer.allocator=auto``: tcmalloc where the system has it, else glibc's malloc told to
+    keep freed memory), so that what it times in its own process is timed as in a run
+    (glibc's default malloc page-faults large tensors in again on every pass: SmolLM2's bf16
+    packed forward of 16k tokens, 11.7 s vs 6.5 s)."""
+    from klppo_train.allocator import reexec_with_allocator
 
-    reexec_with_tcmalloc("auto")
+    reexec_with_allocator("auto")
 
 
-def child_env(tcmalloc: bool) -> dict[str, str]:
-    """The environment for a child process, with tcmalloc preloaded or not, whatever this
-    process runs with (a trainer child given ``tcmalloc=False`` then follows its own
-    ``trainer.allocator``)."""
-    from klppo_train.allocator import REEXECUTED_ENV, find_tcmalloc
+def child_env(allocator: str | None) -> dict[str, str]:
+    """The environment for a child process that starts with ``allocator`` (a
+    ``trainer.allocator`` value), whatever this process runs with; ``None``: none chosen here
+    (a trainer child then follows its own ``trainer.allocator``)."""
+    from klppo_train.allocator import allocator_env, without_allocator
 
-    preload = [lib for lib in os.environ.get("LD_PRELOAD", "").split() if "tcmalloc" not in lib]
-    if tcmalloc and (library := find_tcmalloc()):
-        preload.insert(0, library)
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", REEXECUTED_ENV)}
-    return {**env, "LD_PRELOAD": " ".join(preload)} if preload else env
+    env = without_allocator(dict(os.environ))
+    return env if allocator is None else allocator_env(allocator, env)
+
+
+def steady_index(step_seconds: list[float]) -> int:
+    """Index of the step a benchmark reports: the median, by time, of all steps but the first
+    (which pays one-off costs; the allocator's heap also grows over the first two), the
+    upper one of two; the only step when there is one."""
+    later = sorted(range(1, len(step_seconds)), key=step_seconds.__getitem__)
+    return later[len(later) // 2] if later else 0

