@@ -26,9 +26,9 @@ def with_trainer_allocator() -> None:
     keep freed memory), so that what it times in its own process is timed as in a run
     (glibc's default malloc page-faults large tensors in again on every pass: SmolLM2's bf16
     packed forward of 16k tokens, 11.7 s vs 6.5 s)."""
-    from klppo_train.allocator import reexec_with_allocator
+    from klppo_train.allocator import use_allocator
 
-    reexec_with_allocator("auto")
+    use_allocator("auto")
 
 
 def child_env(allocator: str | None) -> dict[str, str]:

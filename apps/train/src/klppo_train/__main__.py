@@ -10,7 +10,7 @@ import sys
 # imports below do; ``--verbose`` cannot bring these back, ``TORCH_CPP_LOG_LEVEL=INFO`` can.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from klppo_train.allocator import log_allocator, reexec_with_allocator
+from klppo_train.allocator import log_allocator, use_allocator
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config import load_config, to_yaml
 from klppo_train.console import configure_output
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             print(to_yaml(config))
             return 0
         if argv is None:  # the real command line (not a call from Python): may re-execute
-            reexec_with_allocator(config.trainer.allocator)
+            use_allocator(config.trainer.allocator)
         log_allocator()
         checked = preflight(config, world_size, advice)
     except UserError as err:

@@ -4,15 +4,18 @@ Why: a PPO step allocates and frees gigabytes of activations, log-prob chunks an
 glibc's malloc, as configured by default, hands blocks over 32 MiB back to the kernel on
 free (``mmap``/``munmap``), and the heaps of the threads' own arenas (OpenMP workers) are
 trimmed or unmapped, so every step page-faults its memory in again: a SmolLM2 critic update
-read 650k minor faults and 6.4 s of system time in 8.7 s. Two remedies, both chosen before
-the process starts, so the command line re-executes itself once with them:
+read 650k minor faults and 6.4 s of system time in 8.7 s. Two remedies:
 
-- ``tcmalloc`` (``LD_PRELOAD``; vLLM-CPU recommends it): keeps freed memory for reuse.
-  SmolLM2-135M bf16, 16 prompts × 4 × ≤ 64 tokens, steady steps 21.7 → 17.7 s (2-core Xeon).
-- ``glibc-retain``: glibc's own malloc told to keep what it frees (``GLIBC_TUNABLES``: one
-  arena, so worker threads allocate from the main heap; no ``mmap`` for large blocks; no
-  trimming). Page faults then stop once the heap has grown to a step's peak (the first
-  steps); same bench, steps 3-4: 21.4/24.9 → 19.4/21.4 s, update faults 200k → ~0.
+- ``tcmalloc`` (vLLM-CPU recommends it): keeps freed memory for reuse. It can only be
+  chosen when a process starts (``LD_PRELOAD``), so the command line re-executes itself
+  once with it (start-up paid twice: ~15 s on 2 cores). SmolLM2-135M bf16, 16 prompts × 4 ×
+  ≤ 64 tokens, steady steps 21.7 → 17.7 s (2-core Xeon).
+- ``glibc-retain``: glibc's own malloc told, through ``mallopt`` right after the config is
+  read (before any thread allocates), to keep what it frees: one arena, so worker threads
+  allocate from the main heap; no ``mmap`` for large blocks; no trimming below 2 GiB. Page
+  faults then stop once the heap has grown to a step's peak (the first steps); same
+  setting, steps 3-4: 21.4/24.9 → 19.4/21.4 s, update faults 28k-200k → ~0. Children that
+  must start with it get the same as ``GLIBC_TUNABLES`` (:func:`allocator_env`).
 
 ``auto`` takes tcmalloc where the system has it, else ``glibc-retain`` on glibc;
 ``system`` leaves the C library's malloc as it is.
@@ -38,6 +41,7 @@ RETAIN_TUNABLES = (
     "glibc.malloc.trim_threshold=1099511627776",
 )
 _RETAIN_NAMES = {t.split("=")[0] for t in RETAIN_TUNABLES}
+_retaining = False  # retain_freed_memory() took effect in this process
 
 
 def find_tcmalloc() -> str | None:
@@ -61,7 +65,8 @@ def on_glibc() -> bool:
 
 
 def glibc_retains() -> bool:
-    """Whether this process started with :data:`RETAIN_TUNABLES`."""
+    """Whether this process started with :data:`RETAIN_TUNABLES` (a child given
+    :func:`allocator_env`, e.g. the TRL benchmark's worker)."""
     tunables = os.environ.get("GLIBC_TUNABLES", "").split(":")
     return on_glibc() and all(t in tunables for t in RETAIN_TUNABLES)
 
@@ -109,23 +114,41 @@ def without_allocator(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def reexec_with_allocator(setting: str) -> None:
-    """Replace this process by the same command started with the allocator ``setting``
-    asks for, when it is not running with it yet (once: a marker stops a second time).
-    Returns only when nothing is to be done."""
-    if setting == "system" or tcmalloc_loaded() or os.environ.get(REEXECUTED_ENV):
+def retain_freed_memory() -> bool:
+    """Tell this process's glibc malloc to keep what it frees (:data:`RETAIN_TUNABLES` through
+    ``mallopt``). Must run before worker threads first allocate (they would keep arenas of
+    their own): the trainer calls it right after reading its config, before any model,
+    engine or thread pool exists. True when glibc took all three."""
+    if not on_glibc():
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    # M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD (mallopt takes an int: 2 GiB, not 2**40).
+    taken = [mallopt(option, value) for option, value in ((-8, 1), (-4, 0), (-1, 2**31 - 1))]
+    global _retaining
+    _retaining = all(taken)
+    return _retaining
+
+
+def use_allocator(setting: str) -> None:
+    """Make this process run with the allocator ``setting`` asks for: glibc's tunables set
+    in place (``glibc-retain``, ``auto`` without tcmalloc), or tcmalloc by replacing the
+    process with the same command started with it preloaded (once: a marker stops a second
+    time). Returns unless it re-executes."""
+    if setting == "system" or tcmalloc_loaded():
         return
-    env = allocator_env(setting, dict(os.environ))
-    if env == os.environ:
-        return
-    sys.stdout.flush(), sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, {**env, REEXECUTED_ENV: "1"})
+    if setting in ("auto", "tcmalloc") and find_tcmalloc() and not os.environ.get(REEXECUTED_ENV):
+        env = allocator_env(setting, dict(os.environ))
+        sys.stdout.flush(), sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, {**env, REEXECUTED_ENV: "1"})
+    if setting in ("auto", "glibc-retain"):
+        retain_freed_memory()
 
 
 def allocator_name() -> str:
     if tcmalloc_loaded():
         return "tcmalloc"
-    return "glibc malloc retaining freed memory" if glibc_retains() else "system malloc"
+    retaining = _retaining or glibc_retains()
+    return "glibc malloc retaining freed memory" if retaining else "system malloc"
 
 
 def log_allocator() -> None:

@@ -177,10 +177,10 @@ class TrainerConfig:
     # Under torchrun: after generation, re-split the step's prompt groups over the ranks so
     # their tokens are even (verl's default; klppo_train.balance).
     balance_batch: bool = True
-    # An allocator that keeps freed memory (klppo_train.allocator; the command line
-    # re-executes itself once to start with it). auto: tcmalloc where the system has it,
-    # else glibc-retain | tcmalloc (required) | glibc-retain (glibc's malloc with one arena,
-    # no mmap, no trim) | system (the C library's malloc as it is)
+    # An allocator that keeps freed memory (klppo_train.allocator). auto: tcmalloc where the
+    # system has it (the command line re-executes itself once to preload it), else
+    # glibc-retain | tcmalloc (required) | glibc-retain (glibc's malloc set by mallopt: one
+    # arena, no mmap, no trim) | system (the C library's malloc as it is)
     allocator: str = "auto"
     # The most memory the run's passes may bring the device to (CUDA: the GPU's memory in
     # use; CPU: the machine's RAM in use), in GiB, for the auto token budgets. 0 = in use
