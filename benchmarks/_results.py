@@ -21,8 +21,8 @@ def write_results(data: Any, out: Path) -> None:
 
 
 def with_trainer_allocator() -> None:
-    """Re-execute this benchmark with the allocator a training run has
-    (``trainer.allocator=auto``: tcmalloc where the system has it, else glibc's malloc told to
+    """Give this benchmark the allocator a training run has (``trainer.allocator=auto``:
+    re-executed with tcmalloc where the system has it, else glibc's malloc told in place to
     keep freed memory), so that what it times in its own process is timed as in a run
     (glibc's default malloc page-faults large tensors in again on every pass: SmolLM2's bf16
     packed forward of 16k tokens, 11.7 s vs 6.5 s)."""

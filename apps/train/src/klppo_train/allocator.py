@@ -34,12 +34,11 @@ log = logging.getLogger("klppo_train")
 ALLOCATORS = ("auto", "tcmalloc", "glibc-retain", "system")
 LIBRARIES = ("tcmalloc_minimal", "tcmalloc")
 REEXECUTED_ENV = "KLPPO_ALLOCATOR_REEXECUTED"
-# Read by glibc (2.26+) when a process starts; 2**40: never trim.
-RETAIN_TUNABLES = (
-    "glibc.malloc.arena_max=1",
-    "glibc.malloc.mmap_max=0",
-    "glibc.malloc.trim_threshold=1099511627776",
-)
+# glibc-retain, once: (tunable, mallopt option, value). One arena; no mmap for large blocks;
+# trim only above 2 GiB free (mallopt takes an int: 2**31 - 1 is its largest).
+_RETAIN = (("arena_max", -8, 1), ("mmap_max", -4, 0), ("trim_threshold", -1, 2**31 - 1))
+# The same as glibc (2.26+) reads them when a process starts.
+RETAIN_TUNABLES = tuple(f"glibc.malloc.{name}={value}" for name, _, value in _RETAIN)
 _RETAIN_NAMES = {t.split("=")[0] for t in RETAIN_TUNABLES}
 _retaining = False  # retain_freed_memory() took effect in this process
 
@@ -122,8 +121,7 @@ def retain_freed_memory() -> bool:
     if not on_glibc():
         return False
     mallopt = ctypes.CDLL(None).mallopt
-    # M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD (mallopt takes an int: 2 GiB, not 2**40).
-    taken = [mallopt(option, value) for option, value in ((-8, 1), (-4, 0), (-1, 2**31 - 1))]
+    taken = [mallopt(option, value) for _, option, value in _RETAIN]
     global _retaining
     _retaining = all(taken)
     return _retaining
@@ -137,7 +135,7 @@ def use_allocator(setting: str) -> None:
     if setting == "system" or tcmalloc_loaded():
         return
     if setting in ("auto", "tcmalloc") and find_tcmalloc() and not os.environ.get(REEXECUTED_ENV):
-        env = allocator_env(setting, dict(os.environ))
+        env = allocator_env(setting, dict(os.environ))  # with tcmalloc in LD_PRELOAD
         sys.stdout.flush(), sys.stderr.flush()
         os.execve(sys.executable, sys.orig_argv, {**env, REEXECUTED_ENV: "1"})
     if setting in ("auto", "glibc-retain"):
