@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from train_testing import prompt_response_batch
 
+from klppo_train.attention import GROUP_ATTENTION
 from klppo_train.build import build_components
 from klppo_train.config import load_config
 from klppo_train.data import write_parquet
@@ -176,6 +177,8 @@ def test_model_compile_compiles_the_blocks_and_keeps_the_numbers(model_dir) -> N
     for c, want in ((eager, False), (compiled, True)):
         blocks = [m for m in c.actor.modules() if type(m).__name__.endswith(("MLP", "RMSNorm"))]
         assert blocks and {m._compiled_call_impl is not None for m in blocks} == {want}
+        layers = [m for m in c.actor.modules() if type(m).__name__.endswith("Attention")]
+        assert layers and {hasattr(m, GROUP_ATTENTION) for m in layers} == {want}
     ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
     valid = mask[:, P:].bool()
     got, _ = response_logprobs(compiled.actor, ids, mask, T, max_tokens=1000)

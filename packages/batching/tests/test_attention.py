@@ -9,7 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching import group_by_length, pack, varlen_causal_attention, varlen_layout
+from batching import (
+    group_by_length,
+    matmul_causal_attention,
+    pack,
+    varlen_causal_attention,
+    varlen_layout,
+)
 
 
 def cu_seqlens(lens: list[int]) -> torch.Tensor:
@@ -133,3 +139,57 @@ def test_wrong_token_count_is_rejected():
     q, k, v = qkv(5, 2, 2, 4)
     with pytest.raises(ValueError, match="tokens"):
         varlen_causal_attention(q, k, v, varlen_layout(cu_seqlens([2, 2])))
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2)])
+def test_matmul_group_attention_matches_the_reference_loop(heads, kv_heads):
+    lens = [5, 3, 0, 7, 1, 6, 6, 2]
+    q, k, v = qkv(sum(lens), heads, kv_heads, 8)
+    layout = varlen_layout(cu_seqlens(lens))
+    got = varlen_causal_attention(
+        q, k, v, layout, scale=0.3, group_attention=matmul_causal_attention
+    )
+    torch.testing.assert_close(got, reference(q, k, v, lens, 0.3), atol=1e-12, rtol=0)
+
+
+def test_matmul_group_attention_gradients_match_sdpa():
+    lens = [4, 1, 6, 5, 6]
+    inputs = qkv(sum(lens), 6, 2, 8)
+    copies = [t.clone().requires_grad_() for t in inputs]
+    for t in inputs:
+        t.requires_grad_()
+    weights = torch.randn(sum(lens), 6, 8, dtype=torch.float64)
+    layout = varlen_layout(cu_seqlens(lens))
+    out = varlen_causal_attention(*inputs, layout, group_attention=matmul_causal_attention)
+    (out * weights).sum().backward()
+    (varlen_causal_attention(*copies, layout) * weights).sum().backward()
+    for a, b in zip(inputs, copies, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-12, rtol=0)
+
+
+def test_group_attention_is_what_runs_and_dropout_keeps_sdpa():
+    lens = [3, 5]
+    q, k, v = qkv(8, 2, 2, 4)
+    layout = varlen_layout(cu_seqlens(lens))
+
+    def zeros(q, k, v, scale):
+        return torch.zeros_like(q)
+
+    assert varlen_causal_attention(q, k, v, layout, group_attention=zeros).abs().sum() == 0
+    torch.manual_seed(0)
+    got = varlen_causal_attention(q, k, v, layout, dropout_p=0.5, group_attention=zeros)
+    torch.manual_seed(0)
+    want = varlen_causal_attention(q, k, v, layout, dropout_p=0.5)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert got.abs().sum() > 0
+
+
+def test_matmul_group_attention_in_bfloat16_is_close_to_float64():
+    lens = [40, 33, 37]
+    q, k, v = qkv(sum(lens), 6, 2, 64, seed=3)
+    layout = varlen_layout(cu_seqlens(lens))
+    want = varlen_causal_attention(q, k, v, layout)
+    bf16 = [t.bfloat16() for t in (q, k, v)]
+    got = varlen_causal_attention(*bf16, layout, group_attention=matmul_causal_attention)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, atol=0.05, rtol=0)

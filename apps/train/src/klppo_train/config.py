@@ -52,7 +52,8 @@ class ModelConfig:
     warmup_steps: int = 400
     warmup_target_accuracy: float = 0.25
     # torch.compile the elementwise-heavy blocks (every *MLP and *RMSNorm module) of actor,
-    # critic and reference: one compile of a few seconds per role (identical layers share it).
+    # critic and reference, and (bf16 on CPU) their packed attention of short sequences: one
+    # compile of a few seconds per role (identical layers share it).
     compile: bool = False
 
 

@@ -9,7 +9,9 @@
   with balanced tokens
 - :func:`pack` → :class:`Packing`, :func:`unpack`: sequence packing (remove padding)
 - :func:`varlen_causal_attention` over a :func:`varlen_layout`: packed causal attention at
-  a cost linear in the sequences' own lengths (no ``[nnz, nnz]`` mask)
+  a cost linear in the sequences' own lengths (no ``[nnz, nnz]`` mask); each group through
+  :func:`sdpa_causal_attention` or a given :data:`GroupAttention` such as a compiled
+  :func:`matmul_causal_attention`
 - :func:`pack_shared_prompts`: the ``n`` samples of a prompt run its tokens once
   (:func:`prompt_prefixes`, :func:`shared_prompt_plan` keeps a prompt in one micro-batch)
 - :func:`per_response_token`: a model's per-token outputs over a verl prompt + response
@@ -21,8 +23,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from batching.attention import (
     AttentionGroup,
+    GroupAttention,
     VarlenLayout,
     group_by_length,
+    matmul_causal_attention,
+    sdpa_causal_attention,
     sequence_layout,
     varlen_causal_attention,
     varlen_layout,
@@ -65,6 +70,7 @@ except PackageNotFoundError:  # a source tree that was never installed
 __all__ = [
     "COMPUTE_LINEAR_COEFF",
     "AttentionGroup",
+    "GroupAttention",
     "VarlenLayout",
     "BudgetFinding",
     "MicroBatchPlan",
@@ -87,8 +93,10 @@ __all__ = [
     "pack_values",
     "per_response_token",
     "plan_from_parts",
+    "matmul_causal_attention",
     "prompt_prefixes",
     "restore_order",
+    "sdpa_causal_attention",
     "sequence_layout",
     "sequence_workloads",
     "shared_prompt_plan",
