@@ -160,8 +160,9 @@ def run_row(model: Path, data: Path, overrides: list[str], steps: int) -> dict:
             sys.exit(f"row failed ({' '.join(overrides)}):\n{log.read_text()[-3000:]}")
         records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").open()]
     steps = [r for r in records if "timing_s/step" in r]
-    steady = steps[steady_index([r["timing_s/step"] for r in steps])]
-    return {**steady, "peak_rss_gb": usage.ru_maxrss / 2**20}
+    seconds = [r["timing_s/step"] for r in steps]
+    steady = steps[steady_index(seconds)]
+    return {**steady, "peak_rss_gb": usage.ru_maxrss / 2**20, "steps_s": seconds}
 
 
 def step_floor_s(m: dict, params: int, gflops: float, samples: int) -> float:
@@ -198,6 +199,7 @@ def step_table(
                     "row": name,
                     **{p: m.get(f"timing_s/{p}") for p in PHASES},
                     "step_s": m["timing_s/step"],
+                    "steps_s": m["steps_s"],
                     "tokens_per_s": m["perf/throughput"],
                     "peak_rss_gb": m["peak_rss_gb"],
                     "floor_s": floor,
@@ -312,6 +314,9 @@ def print_tables(result: dict) -> None:
             f"{r['setting']} {r['row']} {r['speedup_vs_fp32_sdpa']:.2f}x" for r in result["steps"]
         )
     )
+    for r in result["steps"]:
+        steps = "/".join(f"{x:.1f}" for x in r.get("steps_s", []))
+        print(f"steps (s): {r['setting']} {r['row']} {steps}")
     cols = ["dtype", "budget", "tokens", "padding", "packed_s", "padded_s", "sdpa_packed_s"]
     cols += ["packed_ms_per_token", "packed_over_padded"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))

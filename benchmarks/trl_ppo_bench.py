@@ -296,6 +296,7 @@ def main() -> None:
             klppo_s, name = m["timing_s/step"], f"klppo {args.klppo_row}"
             rows.append({"setting": setting, "variant": name, "step_s": klppo_s})
             rows[-1].update(peak_rss_gb=m["peak_rss_gb"], allocator="trainer.allocator=auto")
+            rows[-1].update(steps_s=m["steps_s"])
             print(f"  {setting} {name}: {klppo_s:.1f} s/step", flush=True)
         for variant in args.variants.split(","):
             cfg = {"setting": setting, "variant": variant, "steps": args.steps, "micro": args.micro}

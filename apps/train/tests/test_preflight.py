@@ -180,6 +180,15 @@ def test_bad_configuration_exits_2_before_any_model(run, capsys, tmp_path, args,
     _expect_one_line_exit_2(run, capsys, args, match)
 
 
+def test_model_compile_without_a_cpp_compiler_exits_2_before_any_model(
+    run, capsys, monkeypatch
+) -> None:
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor.cpp, "cxx", ("/no/such/c++",))
+    _expect_one_line_exit_2(run, capsys, ["model.compile=true"], "model.compile=true needs a C++")
+
+
 def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
     """name → (a bad training file, what the error must say)."""
     (d / "garbage.parquet").write_bytes(b"this is not parquet")

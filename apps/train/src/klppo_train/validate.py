@@ -281,6 +281,22 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
     return [text for _, text in messages]
 
 
+def _check_compiler(cfg: AppConfig) -> None:
+    """``model.compile`` builds C++ kernels (inductor) on CPU: without a compiler it would
+    fail at the first forward, after every model loaded."""
+    if not cfg.model.compile:
+        return
+    from torch._inductor import cpp_builder, exc  # imported only when asked: ~1 s
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except exc.InvalidCxxCompiler as err:
+        raise ValueError(
+            "model.compile=true needs a C++ compiler for torch.compile (inductor): none "
+            "found (install g++ or set CXX)"
+        ) from err
+
+
 def _check_resume(cfg: AppConfig) -> None:
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not (Path(mode).expanduser() / "actor").is_dir():
@@ -299,5 +315,6 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_batch_sizes(config, world_size)
     _check_fsdp_sizes(config, world_size)
     _check_launch(config, world_size)
+    _check_compiler(config)
     check_allocator(config.trainer.allocator)
     return _check_token_budgets(config)
