@@ -61,12 +61,19 @@ def test_layout_by_hand():
     assert layout.nnz == 6
 
 
+GROUP_ATTENTIONS = pytest.mark.parametrize(
+    "group_attention", [None, matmul_causal_attention], ids=["sdpa", "matmul"]
+)
+
+
+@GROUP_ATTENTIONS
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2)])
 @pytest.mark.parametrize("ratio", [1.0, 1.25, 100.0])
-def test_matches_the_reference_loop(heads, kv_heads, ratio):
+def test_matches_the_reference_loop(heads, kv_heads, ratio, group_attention):
     lens = [5, 3, 0, 7, 1, 6, 6, 2]
     q, k, v = qkv(sum(lens), heads, kv_heads, 8)
-    got = varlen_causal_attention(q, k, v, varlen_layout(cu_seqlens(lens), ratio), scale=0.3)
+    layout = varlen_layout(cu_seqlens(lens), ratio)
+    got = varlen_causal_attention(q, k, v, layout, scale=0.3, group_attention=group_attention)
     torch.testing.assert_close(got, reference(q, k, v, lens, 0.3), atol=1e-12, rtol=0)
 
 
@@ -79,14 +86,17 @@ def test_random_lengths_match_the_reference(lens, seed):
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
-def test_gradients_match_the_reference_loop():
-    lens = [4, 1, 6, 5]
+@GROUP_ATTENTIONS
+def test_gradients_match_the_reference_loop(group_attention):
+    lens = [4, 1, 6, 5, 6]
     inputs = qkv(sum(lens), 4, 2, 8)
     copies = [t.clone().requires_grad_() for t in inputs]
     for t in inputs:
         t.requires_grad_()
     weights = torch.randn(sum(lens), 4, 8, dtype=torch.float64)
-    (varlen_causal_attention(*inputs, varlen_layout(cu_seqlens(lens))) * weights).sum().backward()
+    layout = varlen_layout(cu_seqlens(lens))
+    out = varlen_causal_attention(*inputs, layout, group_attention=group_attention)
+    (out * weights).sum().backward()
     (reference(*copies, lens, 1 / math.sqrt(8)) * weights).sum().backward()
     for a, b in zip(inputs, copies, strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-12, rtol=0)
@@ -139,32 +149,6 @@ def test_wrong_token_count_is_rejected():
     q, k, v = qkv(5, 2, 2, 4)
     with pytest.raises(ValueError, match="tokens"):
         varlen_causal_attention(q, k, v, varlen_layout(cu_seqlens([2, 2])))
-
-
-@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2)])
-def test_matmul_group_attention_matches_the_reference_loop(heads, kv_heads):
-    lens = [5, 3, 0, 7, 1, 6, 6, 2]
-    q, k, v = qkv(sum(lens), heads, kv_heads, 8)
-    layout = varlen_layout(cu_seqlens(lens))
-    got = varlen_causal_attention(
-        q, k, v, layout, scale=0.3, group_attention=matmul_causal_attention
-    )
-    torch.testing.assert_close(got, reference(q, k, v, lens, 0.3), atol=1e-12, rtol=0)
-
-
-def test_matmul_group_attention_gradients_match_sdpa():
-    lens = [4, 1, 6, 5, 6]
-    inputs = qkv(sum(lens), 6, 2, 8)
-    copies = [t.clone().requires_grad_() for t in inputs]
-    for t in inputs:
-        t.requires_grad_()
-    weights = torch.randn(sum(lens), 6, 8, dtype=torch.float64)
-    layout = varlen_layout(cu_seqlens(lens))
-    out = varlen_causal_attention(*inputs, layout, group_attention=matmul_causal_attention)
-    (out * weights).sum().backward()
-    (varlen_causal_attention(*copies, layout) * weights).sum().backward()
-    for a, b in zip(inputs, copies, strict=True):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-12, rtol=0)
 
 
 def test_group_attention_is_what_runs_and_dropout_keeps_sdpa():

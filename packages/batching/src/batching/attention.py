@@ -214,7 +214,6 @@ def varlen_causal_attention(
     if not layout.groups:
         return query.new_zeros(query.shape)
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-    attend = group_attention if group_attention is not None and dropout_p == 0.0 else None
     outputs = []
     for group in layout.groups:
         # index_select, not t[gather]: its backward is an index_add (advanced indexing's is a
@@ -224,10 +223,10 @@ def varlen_causal_attention(
             t.index_select(0, index).view(*group.gather.shape, *t.shape[1:]).transpose(1, 2)
             for t in (query, key, value)
         )
-        if attend is not None:
-            out = attend(q, k, v, scale)
-        else:
+        if group_attention is None or dropout_p:
             out = sdpa_causal_attention(q, k, v, scale, dropout_p)
+        else:
+            out = group_attention(q, k, v, scale)
         heads, dim = out.shape[1], out.shape[3]
         out = out.transpose(1, 2).reshape(index.shape[0], heads, dim)  # [G*L, H, D]
         outputs.append(out.index_select(0, group.valid_slots).to(query.dtype))  # [n_valid, H, D]
