@@ -31,6 +31,9 @@ critic, 2·N per token for each forward-only pass that ran (old log-probs, refer
 values), 2·N per generated token; N = the actor's parameter count. Tokens are the step's
 prompt + response tokens, every sample's copy of its prompt counted: the work of a trainer
 that does not share prompts (rows with ``model.share_prompts`` run fewer tokens than that).
+The work floor is the least time of the matmuls the row's trainer actually runs (shared
+prompts once per group, the LM head only where a response token is predicted, none in the
+critic; :func:`work_floor_s`), and step ÷ work floor how far the row is from it.
 
 A second table checks that packed attention is linear: one forward (backbone only, no
 grad) of sequences of 40–70 tokens filling a 1k, 4k and 16k-token micro-batch, packed
@@ -173,26 +176,63 @@ def step_floor_s(m: dict, params: int, gflops: float, samples: int) -> float:
     return flops / (gflops * 1e9)
 
 
+def work_floor_s(m: dict, shape: tuple[int, int], gflops: float, samples: int, shared: bool):
+    """The least time of the linear layers' matmuls this row's trainer actually runs (the
+    step's floor, :func:`step_floor_s`, puts every parameter on every token of every sample):
+    ``shape`` = (parameters outside embedding and LM head, vocab × hidden). A prompt runs
+    once per group when ``shared``; the LM head only where a response token is predicted
+    (``logits_to_keep``), never in the critic (a one-label head); generation computes each
+    prompt once (vLLM's prefix cache) and the head per generated token. Attention's own
+    matmuls are left out (~2 % of the FLOPs at ~100 tokens)."""
+    body, head = shape
+    tokens = m["perf/throughput"] * m["timing_s/step"]
+    kept = m["perf/response_tokens"]
+    prompt_once = (tokens - kept) / samples
+    run = prompt_once + kept if shared else tokens
+    actor_pass = 2 * body * run + 2 * head * kept
+    critic_pass = 2 * body * run
+    forward_only = {"old_log_prob": actor_pass, "ref": actor_pass, "values": critic_pass}
+    flops = sum(f for p, f in forward_only.items() if f"timing_s/{p}" in m)
+    flops += 3 * (actor_pass + critic_pass)  # forward + backward of each update
+    flops += 2 * body * prompt_once + 2 * (body + head) * kept  # generation
+    return flops / (gflops * 1e9)
+
+
+def model_shape(model: Path) -> tuple[int, int, int]:
+    """(all parameters, parameters outside embedding and LM head, vocab × hidden)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    head = config.vocab_size * config.hidden_size
+    return params, params - head * (1 if config.tie_word_embeddings else 2), head
+
+
+def floors(m: dict, shape: tuple[int, int, int], peaks: dict, setting: str, row: str) -> dict:
+    """A row's step floor and work floor at the measured matmul peak of its dtype."""
+    prompts, samples, _ = (int(x) for x in setting.split("x"))
+    gflops = peaks["bfloat16" if "bf16" in row else "float32"]
+    floor = step_floor_s(m, shape[0], gflops, prompts * samples)
+    shared = "model.share_prompts=false" not in ROWS[row]
+    work_floor = work_floor_s(m, shape[1:], gflops, samples, shared)
+    step = m["timing_s/step"]
+    return {
+        "floor_s": floor,
+        "step_over_floor": step / floor,
+        "work_floor_s": work_floor,
+        "step_over_work_floor": step / work_floor,
+    }
+
+
 def step_table(
     model: Path, data: Path, settings: list[str], steps: int, peaks: dict, rows_to_run: list[str]
 ) -> list:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        params = sum(
-            p.numel()
-            for p in AutoModelForCausalLM.from_config(
-                AutoConfig.from_pretrained(model)
-            ).parameters()
-        )
+    shape = model_shape(model)
     rows = []
     for setting in settings:
-        prompts, samples, _ = (int(x) for x in setting.split("x"))
         for name in rows_to_run:
-            overrides = ROWS[name]
-            m = run_row(model, data, [*setting_overrides(setting), *overrides], steps)
-            dtype = "bfloat16" if "bf16" in name else "float32"
-            floor = step_floor_s(m, params, peaks[dtype], prompts * samples)
+            m = run_row(model, data, [*setting_overrides(setting), *ROWS[name]], steps)
             rows.append(
                 {
                     "setting": setting,
@@ -202,8 +242,7 @@ def step_table(
                     "steps_s": m["steps_s"],
                     "tokens_per_s": m["perf/throughput"],
                     "peak_rss_gb": m["peak_rss_gb"],
-                    "floor_s": floor,
-                    "step_over_floor": m["timing_s/step"] / floor,
+                    **floors(m, shape, peaks, setting, name),
                     "logprob_diff_max": m.get("rollout/logprob_diff_max"),
                 }
             )
@@ -298,7 +337,7 @@ def print_tables(result: dict) -> None:
     fp32, bf16 = peaks["float32"], peaks["bfloat16"]
     print(f"\nmatmul peak (2 threads): fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s")
     cols = ["setting", "row", *PHASES, "step_s", "tokens_per_s", "peak_rss_gb", "floor_s"]
-    cols.append("step_over_floor")
+    cols += ["step_over_floor", "work_floor_s", "step_over_work_floor"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in result["steps"]:
         cells = [

@@ -13,7 +13,9 @@ workspace's uv.lock is untouched); each row is one worker process in it (this fi
 autocast on the policy+value training forward only); ``bf16w`` (also every model loaded in
 bfloat16); ``+ckpt`` after any (gradient checkpointing, policy and critic).
 ``--with-klppo`` runs a ppo_step_bench row of each setting too (``--klppo-row``, default
-``bf16``), and the ratio.
+``bf16``), and the ratio; then it also measures the matmul peaks and records the klppo row's
+step floor and work floor (``ppo_step_bench.floors``) and TRL's step ÷ that step floor (TRL
+computes every prompt copy and the LM head on every token: the step floor is its floor too).
 ``--allocator`` (default ``auto``) is TRL's, a ``trainer.allocator`` value set up as klppo's
 trainer does (``auto``: tcmalloc preloaded where the system has it, else glibc's malloc told to
 keep freed memory), so the comparison is not one of allocators.
@@ -286,17 +288,22 @@ def main() -> None:
     model, data = bench_inputs()
     recipe = recipe_numbers()
     rows = []
+    if args.with_klppo:
+        import ppo_step_bench as psb
+
+        peaks, shape = psb.matmul_peaks(), psb.model_shape(model)
+        print(f"matmul peaks: {peaks}", flush=True)
     for setting in args.settings.split(","):
         klppo_s = None
         if args.with_klppo:
-            import ppo_step_bench as psb
-
             overrides = [*psb.setting_overrides(setting), *psb.ROWS[args.klppo_row]]
             m = psb.run_row(model, data, overrides, args.steps)
             klppo_s, name = m["timing_s/step"], f"klppo {args.klppo_row}"
-            rows.append({"setting": setting, "variant": name, "step_s": klppo_s})
-            rows[-1].update(peak_rss_gb=m["peak_rss_gb"], allocator="trainer.allocator=auto")
-            rows[-1].update(steps_s=m["steps_s"])
+            klppo_row = {"setting": setting, "variant": name, "step_s": klppo_s}
+            klppo_row.update(peak_rss_gb=m["peak_rss_gb"], allocator="trainer.allocator=auto")
+            klppo_row.update(steps_s=m["steps_s"], matmul_gflops=peaks)
+            klppo_row.update(psb.floors(m, shape, peaks, setting, args.klppo_row))
+            rows.append(klppo_row)
             print(f"  {setting} {name}: {klppo_s:.1f} s/step", flush=True)
         for variant in args.variants.split(","):
             cfg = {"setting": setting, "variant": variant, "steps": args.steps, "micro": args.micro}
@@ -306,12 +313,16 @@ def main() -> None:
             r.update(run_trl(py, cfg, args.allocator))
             if klppo_s and r["step_s"]:
                 r["trl_over_klppo"] = r["step_s"] / klppo_s
+                # TRL computes every prompt copy and the LM head on every token, so the step's
+                # floor (every parameter on every token) is the least its work can take.
+                r["trl_over_floor"] = r["step_s"] / klppo_row["floor_s"]
             rows.append(r)
             step = "failed" if r["step_s"] is None else f"{r['step_s']:.1f} s/step"
             print(f"  {setting} TRL {variant}: {step}", flush=True)
     cols = ["setting", "variant", "step_s", "peak_rss_gb", "allocator", "mixed_precision", "micro"]
     cols += ["grad_accum"]
-    cols += ["rollout_micro", "score", "trl_over_klppo"]
+    cols += ["rollout_micro", "score", "floor_s", "work_floor_s", "trl_over_floor"]
+    cols += ["trl_over_klppo"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         cells = [f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
