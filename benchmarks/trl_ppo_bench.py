@@ -15,7 +15,8 @@ bfloat16); ``+ckpt`` after any (gradient checkpointing, policy and critic).
 ``--with-klppo`` runs a ppo_step_bench row of each setting too (``--klppo-row``, default
 ``bf16``), and the ratio; then it also measures the matmul peaks and records the klppo row's
 step floor and work floor (``ppo_step_bench.floors``) and TRL's step ÷ that step floor (TRL
-computes every prompt copy and the LM head on every token: the step floor is its floor too).
+runs every prompt copy and the policy's LM head on every token: about the work that floor
+counts, less the critic's head, for klppo's token counts as TRL samples its own responses).
 ``--allocator`` (default ``auto``) is TRL's, a ``trainer.allocator`` value set up as klppo's
 trainer does (``auto``: tcmalloc preloaded where the system has it, else glibc's malloc told to
 keep freed memory), so the comparison is not one of allocators.
@@ -313,8 +314,8 @@ def main() -> None:
             r.update(run_trl(py, cfg, args.allocator))
             if klppo_s and r["step_s"]:
                 r["trl_over_klppo"] = r["step_s"] / klppo_s
-                # TRL computes every prompt copy and the LM head on every token, so the step's
-                # floor (every parameter on every token) is the least its work can take.
+                # TRL runs every prompt copy and the policy's LM head on every token: about the
+                # work the step floor counts (less the critic's head; klppo's token counts).
                 r["trl_over_floor"] = r["step_s"] / klppo_row["floor_s"]
             rows.append(r)
             step = "failed" if r["step_s"] is None else f"{r['step_s']:.1f} s/step"
