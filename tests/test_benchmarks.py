@@ -36,6 +36,23 @@ def test_batching_bench_runs_and_writes_json(tmp_path: Path) -> None:
     assert all(r["over_cap_pct"] == 0.0 for r in ours)
 
 
+@pytest.mark.parametrize(("shared", "flops"), [(True, 4320), (False, 5280)])
+def test_work_floor_counts_the_matmuls_the_trainer_runs(
+    monkeypatch: pytest.MonkeyPatch, shared: bool, flops: int
+) -> None:
+    """Hand-derived: 100 tokens of which 60 response (kept), 4 samples a prompt, so each
+    prompt's 40 copied tokens run as 10 when shared; body 2 and head 3 parameters; reference
+    and values ran, no old-log-prob pass. Shared: a token run = 70, actor pass 2·2·70 +
+    2·3·60 = 640, critic pass 280; reference + values 920, updates 3·920, generation 2·2·10
+    + 2·5·60 = 640: 4320. Unshared: 100 tokens run, 760 + 400 = 1160, 3·1160, 640: 5280."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from ppo_step_bench import work_floor_s
+
+    m = {"perf/throughput": 10.0, "timing_s/step": 10.0, "perf/response_tokens": 60.0}
+    m.update({"timing_s/ref": 1.0, "timing_s/values": 1.0})
+    assert work_floor_s(m, (2, 3), 1e-9, 4, shared) == pytest.approx(flops)
+
+
 @pytest.mark.slow
 def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None:
     """One bf16 step of the real SmolLM2 trainer run (the model is converted once, cached)."""
@@ -47,6 +64,9 @@ def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None
     (row,) = json.loads(out.read_text())["steps"]
     assert row["row"] == "bf16" and row["setting"] == "2x2x4"
     assert row["step_s"] > 0 and row["floor_s"] > 0 and row["step_over_floor"] > 1
+    # prompts shared and logits only where kept: less work than the step floor counts
+    assert 0 < row["work_floor_s"] < row["floor_s"]
+    assert row["step_over_work_floor"] == pytest.approx(row["step_s"] / row["work_floor_s"])
     assert 0 < row["peak_rss_gb"] < 24
     assert "| 2x2x4 | bf16 |" in run.stdout
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batching import (
@@ -99,6 +99,7 @@ def toy_model(dim: int = 8, seed: int = 0):
     ),
     budget=st.sampled_from([9, 20, 1000]),
 )
+@example(groups=[([1, 1], [[], [], [], [1]]), ([6, 1, 1], [[10, 24, 1]])], budget=9)  # 1.3e-10
 def test_outputs_and_gradients_equal_plain_packing(groups, budget):
     ids, mask = verl_batch(groups)
     perm = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(0))
@@ -121,8 +122,10 @@ def test_outputs_and_gradients_equal_plain_packing(groups, budget):
         results.append((out[valid], [p.grad for p in params.values()]))
     (plain, plain_grads), (shared, shared_grads) = results
     torch.testing.assert_close(shared, plain, rtol=0, atol=1e-12)
+    # Float64 sums in another order: gradients of ~1e4 (summed over every kept token) differ
+    # in the last bits (seen: 1.3e-10 absolute, 6e-15 relative), so relative, not absolute.
     for got, want in zip(shared_grads, plain_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-10)
 
 
 def test_fewer_tokens_run_when_prompts_repeat():
