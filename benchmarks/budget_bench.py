@@ -31,25 +31,27 @@ from pathlib import Path
 from _results import RESULTS_DIR, with_trainer_allocator, write_results
 from ppo_step_bench import RECIPE, prepare
 
-from klppo_train.budgets import KEYS, longest_sequence
-from klppo_train.build import build_components
+from batching.budget_search import series
+from klppo_train.build import build_components, probe_shape
 from klppo_train.config import load_config
 from klppo_train.distributed import init_distributed
 from klppo_train.measure import memory_allowance
 from klppo_train.preflight import preflight
-from klppo_train.probe import cap_tokens, choose_budgets, role_measure, series
+from klppo_train.probe import choose_budgets, role_measure
+from klppo_train.roles import ROLES
 
 RESULTS = RESULTS_DIR / "budget_bench.json"
 WITHIN = 0.8  # auto's tokens/s ≥ 80 % of the sweep's best
 
 
-def sweep(c, cfg, role: str, repeats: int, auto: int) -> list[dict]:
+def sweep(c, shape, role: str, repeats: int, auto: int) -> list[dict]:
     """Each budget of the series (and auto's choice) ``repeats`` times, in rounds over the
     whole series: a slow spell of the machine then falls on every budget alike instead of
     on one. Memory is the first round's (budgets in increasing order, as the probe
     measures: later rounds start with the largest pass's memory still cached)."""
-    measure = role_measure(c, cfg, role)
-    budgets = sorted({*series(longest_sequence(cfg), cap_tokens(cfg, role), growth=2), auto})
+    role_pass = c.pass_for(role)
+    measure = role_measure(role_pass, shape, len(c.tokenizer))
+    budgets = sorted({*series(shape.sequence, shape.cap(role_pass), growth=2), auto})
     points = {b: [] for b in budgets}
     for _ in range(repeats):
         for budget in budgets:
@@ -80,19 +82,20 @@ def main() -> int:
                 f"data.val_files=[{data / 'val.parquet'}]",
                 f"trainer.run_dir={tmp}",
                 "rollout.engine=hf",
-                *(f"{key}=auto" for key in KEYS.values()),
+                *(f"{role.budget_key}=auto" for role in ROLES.values()),
             ],
         )
         checked = preflight(cfg)
         init_distributed()
         c = build_components(cfg, model, checked.tokenizer, checked.rewards)
-        chosen = choose_budgets(c, cfg, Path(tmp) / "budgets.json")
-        allowance, memory = memory_allowance(cfg, c)
+        shape = probe_shape(cfg)
+        chosen = choose_budgets(c, cfg, shape, Path(tmp) / "budgets.json")
+        allowance, memory = memory_allowance(shape.memory_limit_gib, c)
         roles = {}
-        for role in KEYS:
+        for role in ROLES:
             if chosen.probe["roles"][role] is None:
                 continue
-            rows = sweep(c, cfg, role, args.repeats, chosen.tokens[role])
+            rows = sweep(c, shape, role, args.repeats, chosen.tokens[role])
             roles[role] = _verdict(rows, chosen.tokens[role], allowance)
             roles[role]["probe_seconds"] = chosen.probe["roles"][role]["seconds"]
     _print(roles, chosen.probe["seconds"], memory)
@@ -125,7 +128,7 @@ def _print(roles: dict, probe_seconds: float, memory: dict) -> None:
                                 ("best", row["budget"] == found["best"])) if on
             )  # fmt: skip
             print(
-                f"| {KEYS[role]} | {row['budget']} | {row['tokens_per_s']:.0f} | "
+                f"| {ROLES[role].budget_key} | {row['budget']} | {row['tokens_per_s']:.0f} | "
                 f"{row['memory_gib']:.3f} | {mark} |"
             )
         verdict = "ok" if found["within_20pct"] and found["under_allowance"] else "FAIL"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from klppo_train.algorithm import kl_in_reward, make_advantage_fn, make_kl_controller
+from klppo_train.algorithm import KLInReward, make_advantage_fn, make_kl_controller
 from klppo_train.config import AlgorithmConfig, KLControlConfig
 from ppo_core import AdaptiveKLController, compute_gae, compute_grpo_advantages
 
@@ -21,7 +21,7 @@ def test_kl_in_reward_moves_the_adaptive_coefficient() -> None:
     assert isinstance(ctl, AdaptiveKLController)
     old = torch.full((4, 4), -1.0)
     ref = old - 0.2  # Δ = 0.2 on every token → KL metric 0.2
-    rewards, metrics = kl_in_reward(SCORES, old, ref, MASK, cfg, ctl)
+    rewards, metrics = KLInReward(cfg.kl_penalty, ctl)(SCORES, old, ref, MASK)
     torch.testing.assert_close(rewards, SCORES - 0.1 * 0.2 * MASK)
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(0.2)
     assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)

@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from klppo_train.batch import rollout_tensors
 from klppo_train.schedule import lr_factor, make_scheduler
+from klppo_train.trajectories import trajectories
 from rollout import RolloutBatch, Sample
 
 PAD = 0
 
 
-def test_rollout_tensors_layout() -> None:
+def test_trajectories_layout() -> None:
     prompts = [[5, 6, 7], [8]]
     batch = RolloutBatch(
         [
@@ -22,7 +22,7 @@ def test_rollout_tensors_layout() -> None:
         ],
         3,
     )
-    t = rollout_tensors(prompts, batch, pad_token_id=PAD, response_length=4)
+    t = trajectories(prompts, batch, pad_token_id=PAD, response_length=4)
     assert t.input_ids.tolist() == [
         [5, 6, 7, 9, 1, PAD, PAD],
         [5, 6, 7, 10, 11, 12, PAD],
@@ -42,7 +42,7 @@ def test_rollout_tensors_layout() -> None:
 def test_response_longer_than_the_width_is_refused() -> None:
     batch = RolloutBatch([Sample(0, (1, 2, 3), (0.0, 0.0, 0.0), "length", 0)], 0)
     with pytest.raises(ValueError, match="sample 0 has 3 tokens, more than width=2"):
-        rollout_tensors([[4]], batch, pad_token_id=PAD, response_length=2)
+        trajectories([[4]], batch, pad_token_id=PAD, response_length=2)
 
 
 def test_lr_factors() -> None:

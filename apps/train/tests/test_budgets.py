@@ -8,22 +8,19 @@ import torch
 from test_step import OVERRIDES, components
 from train_testing import prompt_response_batch
 
-from klppo_train.actor import PolicyBatch, actor_update_step
-from klppo_train.budgets import KEYS, RunBudgets, budgets_from_config, run_with_backoff
-from klppo_train.config import ActorConfig, load_config
+from klppo_train.budgets import RunBudgets, budgets_from_config, run_with_backoff
+from klppo_train.build import probe_shape
+from klppo_train.config import load_config
 from klppo_train.demo.embedded import build_model, build_tokenizer
+from klppo_train.errors import UserError
 from klppo_train.faults import FAULTS, parse_faults
 from klppo_train.forward import response_logprobs
-from klppo_train.preflight import UserError
-from klppo_train.probe import (
-    ProbePoint,
-    choose,
-    choose_budgets,
-    confirm_last_miss,
-    fit_memory,
-    knee,
-    series,
-)
+from klppo_train.losses import PolicyLoss
+from klppo_train.passes import Pass
+from klppo_train.probe import choose_budgets
+from klppo_train.roles import ROLES
+from klppo_train.trainee import Trainee
+from klppo_train.trajectories import Trajectories
 from klppo_train.validate import validate_config
 
 P, T, VOCAB = 6, 4, 64
@@ -78,21 +75,25 @@ def test_forward_pass_backs_off_and_equals_the_smaller_budget() -> None:
 def test_update_backs_off_with_exactly_one_optimizer_step() -> None:
     ids, mask = batch()
     gen = torch.Generator().manual_seed(1)
-    policy = PolicyBatch(
-        ids, mask, mask[:, P:], torch.randn(ROWS, T, generator=gen) - 2,
-        torch.randn(ROWS, T, generator=gen),
+    policy = Trajectories(
+        input_ids=ids, attention_mask=mask, response_mask=mask[:, P:],
+        engine_logprobs=torch.zeros(ROWS, T), prompt_index=torch.arange(ROWS),
+        old_logprobs=torch.randn(ROWS, T, generator=gen) - 2,
+        advantages=torch.randn(ROWS, T, generator=gen),
+    )  # fmt: skip
+    loss = PolicyLoss(
+        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean",
+        entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl",
     )  # fmt: skip
 
     def train(budget_state: RunBudgets, step: int):
         model = build_model(VOCAB, seed=0, hidden=64)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        run_with_backoff(
-            budget_state, "update_actor", step,
-            lambda budget: actor_update_step(
-                model, optimizer, policy, ActorConfig(), max_tokens=budget
-            ),
-            reset=lambda: optimizer.zero_grad(set_to_none=True),
+        actor = Trainee(
+            name="actor", model=model, optimizer=optimizer, loss=loss,
+            update=Pass(name="update_actor"), epochs=1, rows_per_mini_batch=ROWS,
         )  # fmt: skip
+        actor.train(policy, budget_state, step)  # one mini-batch: one optimizer step
         return model, optimizer
 
     FAULTS.reset("1:update_actor:1")  # after the first micro-batch's backward
@@ -132,7 +133,7 @@ def test_budgets_json_is_written_on_every_change(tmp_path) -> None:
     assert json.loads(state.path.read_text())["tokens"]["actor"] == 40
     state.back_off("update_actor", 2, "oom")
     saved = json.loads(state.path.read_text())
-    assert saved["tokens"]["actor"] == 20 and saved["oom_retries"] == 1
+    assert saved["tokens"]["actor"] == 20 and len(saved["backoffs"]) == 1
     again = RunBudgets.from_state(saved)
     assert again.tokens == state.tokens and again.backoffs == state.backoffs
     assert not list(tmp_path.glob("*.tmp"))
@@ -142,7 +143,7 @@ def test_budgets_json_is_written_on_every_change(tmp_path) -> None:
 
 
 def test_auto_is_a_budget_value_and_nothing_else_is() -> None:
-    auto = [f"{key}=auto" for key in KEYS.values()]
+    auto = [f"{role.budget_key}=auto" for role in ROLES.values()]
     cfg = load_config(None, [*OVERRIDES, *auto])
     validate_config(cfg)
     with pytest.raises(ValueError, match="auto"):
@@ -160,74 +161,17 @@ def test_auto_is_a_budget_value_and_nothing_else_is() -> None:
         validate_config(load_config(None, [*OVERRIDES, *static]))
 
 
-def test_series_fit_and_choice() -> None:
-    assert series(10, 200) == [10, 40, 160, 200] and series(10, 160) == [10, 40, 160]
-    assert series(10, 80, growth=2) == [10, 20, 40, 80] and series(10, 10) == [10]
-    rates = ((100, 50), (200, 90), (400, 93), (800, 91))  # tokens/s rising, then flat twice
-    points = [ProbePoint(b, b / r, 0.5 + 0.001 * b) for b, r in rates]
-    assert knee(points).budget == 200 and knee(points[:3]) is None  # one miss is not a knee
-    assert knee([points[0], ProbePoint(200, 200 / 40, 0), *points[1:]]).budget == 200
-    a, b = fit_memory(points, quadratic=False)
-    assert a == pytest.approx(0.5) and b == pytest.approx(0.001)
-    # CPU: 200 still gains 80 %, 400 and 800 only 3 % and 1 %: the knee is 200
-    assert choose(points, [a, b], allowance=10.0, cap=800, cpu=True) == 200
-    # memory: 400 tokens would need 0.9 GiB
-    assert choose(points, [a, b], allowance=0.8, cap=800, cpu=False) == 200
-    points = points[:3]
-    # CPU, the last point measured gained < 5 % (one miss, then the probe stopped): not
-    # rising, so the fit does not carry it on
-    assert choose(points, [a, b], allowance=10.0, cap=1000, cpu=True) == 200
-    # CUDA: everything measured fits, so the choice goes on past 400 tokens (0.9 GiB) while
-    # that memory scaled by tokens fits (1.05 GiB at 466 tokens; the fit alone would say
-    # 550), or up to the cap
-    assert choose(points, [a, b], allowance=1.05, cap=10_000, cpu=False) == 466
-    assert choose(points, [a, b], allowance=1.05, cap=450, cpu=False) == 450
-    # dense masks: scaled by tokens² (0.9 · (t / 400)² ≤ 1.05 up to 432 tokens)
-    assert choose(points, [a, b], allowance=1.05, cap=10_000, cpu=False, quadratic=True) == 432
-    # the fit bounds it from below where it predicts more than the scaled point
-    assert choose(points, [0.0, 0.01], allowance=1.05, cap=10_000, cpu=False) == 400
-    assert choose(points, [a, b], allowance=0.1, cap=400, cpu=True) == 0  # nothing fits
-    # CPU, still rising at the last point measured (the probe stopped for its cost): the
-    # choice goes on up to the cap (or the allowance: 0.7 GiB at 200 → 0.875 at 250)
-    rising = points[:2]
-    assert choose(rising, [a, b], allowance=10.0, cap=1000, cpu=True) == 1000
-    assert choose(rising, [a, b], allowance=0.875, cap=1000, cpu=True) == 250
-
-
-def test_a_series_that_ends_on_one_miss_is_measured_again() -> None:
-    rates = {100: 50.0, 400: 90.0, 1600: 92.0}  # 1600 gained 2 %: one miss, the last point
-    points = [ProbePoint(b, b / r, 0.001 * b) for b, r in rates.items()]
-    asked: list[int] = []
-
-    def measure(budget: int) -> ProbePoint:  # the second time, 1600 runs at 130 tokens/s
-        asked.append(budget)
-        return ProbePoint(budget, budget / {400: 85.0, 1600: 130.0}[budget], 99.0)
-
-    again = confirm_last_miss(points, 10.0, measure)
-    assert sorted(asked) == [400, 1600]  # the best point and the miss, once each
-    assert [p.tokens_per_s for p in again] == pytest.approx([50.0, 90.0, 130.0])  # faster kept
-    assert [p.memory_gib for p in again] == [p.memory_gib for p in points]  # first memory
-    assert choose(again, [0.0, 0.001], allowance=10.0, cap=6400, cpu=True) == 6400
-    assert choose(points, [0.0, 0.001], allowance=10.0, cap=6400, cpu=True) == 400
-    # still rising, two misses (a knee), or the miss over the allowance: nothing to confirm
-    asked.clear()
-    for unchanged, allowance in ((points[:2], 10.0), ([*points, points[-1]], 10.0), (points, 1.0)):
-        assert confirm_last_miss(unchanged, allowance, measure) == unchanged
-    assert asked == []
-
-
 def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:
     tokenizer = build_tokenizer()
-    auto = [f"{key}=auto" for key in KEYS.values()]
-    cfg, c = components(tokenizer)
-    cfg = load_config(None, [*OVERRIDES, *auto])
-    weights = copy.deepcopy(c.actor.state_dict())
+    auto = tuple(f"{role.budget_key}=auto" for role in ROLES.values())
+    cfg, c = components(tokenizer, auto)
+    weights = copy.deepcopy(c.actor.model.state_dict())
     rng = torch.get_rng_state()
-    chosen = choose_budgets(c, cfg, tmp_path / "budgets.json")
+    chosen = choose_budgets(c, cfg, probe_shape(cfg), tmp_path / "budgets.json")
     minimum = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
-    assert set(chosen.tokens) == set(KEYS) and min(chosen.tokens.values()) >= minimum
-    assert chosen.source == {role: "auto" for role in KEYS}
-    for role in KEYS:
+    assert set(chosen.tokens) == set(ROLES) and min(chosen.tokens.values()) >= minimum
+    assert chosen.source == {role: "auto" for role in ROLES}
+    for role in ROLES:
         found = chosen.probe["roles"][role]
         measured = [p["budget"] for p in found["points"]]
         assert measured[0] == minimum and measured == sorted(measured)
@@ -239,20 +183,18 @@ def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:
     assert chosen.probe["roles"]["ref"]["cap"] == 8 * minimum
     assert (tmp_path / "budgets.json").is_file()
     assert torch.equal(torch.get_rng_state(), rng)
-    for name, value in c.actor.state_dict().items():
+    for name, value in c.actor.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
-    assert all(p.grad is None for p in c.actor.parameters())
-    assert all(p.grad is None for p in c.critic.parameters())
+    assert all(p.grad is None for p in c.actor.model.parameters())
+    assert all(p.grad is None for p in c.critic.model.parameters())
 
 
 def test_a_memory_limit_that_one_sequence_cannot_meet_fails_naming_the_key() -> None:
     tokenizer = build_tokenizer()
-    _, c = components(tokenizer)
-    cfg = load_config(
-        None, [*OVERRIDES, "actor.ppo_max_token_len_per_gpu=auto", "trainer.memory_limit_gib=0.5"]
-    )
+    limited = ("actor.ppo_max_token_len_per_gpu=auto", "trainer.memory_limit_gib=0.5")
+    cfg, c = components(tokenizer, limited)
     with pytest.raises(UserError, match="actor.ppo_max_token_len_per_gpu=auto.*memory_limit"):
-        choose_budgets(c, cfg)
+        choose_budgets(c, cfg, probe_shape(cfg))
 
 
 # ------------------------------------------------------------------ whole runs
@@ -293,8 +235,8 @@ def test_injected_ooms_give_the_run_of_the_backed_off_budgets(tmp_path, monkeypa
         == 0
     )
     saved = json.loads((injected / "budgets.json").read_text())
-    assert {KEYS[role]: n for role, n in saved["tokens"].items()} == BACKED_OFF
-    assert saved["oom_retries"] == 5 and len(saved["backoffs"]) == 5
+    assert {ROLES[role].budget_key: n for role, n in saved["tokens"].items()} == BACKED_OFF
+    assert len(saved["backoffs"]) == 5
     assert set(saved["source"].values()) == {"checkpoint"}  # the resumed run's
     a, b = read_records(injected), read_records(direct)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(7))

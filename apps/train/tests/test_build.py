@@ -78,11 +78,11 @@ def weight_dtypes_in_forward(model) -> set[torch.dtype]:
 def test_model_dtype_is_the_compute_dtype_of_every_role(model_dir, dtype) -> None:
     c = build(model_dir, f"model.dtype={str(dtype).removeprefix('torch.')}")
     # master weights (what AdamW steps) stay fp32; the frozen reference is stored in dtype
-    for optimizer in (c.actor_optimizer, c.critic_optimizer):
+    for optimizer in (c.actor.optimizer, c.critic.optimizer):
         assert {p.dtype for g in optimizer.param_groups for p in g["params"]} == {torch.float32}
-    assert {p.dtype for p in c.ref.parameters()} == {dtype}
-    assert weight_dtypes_in_forward(c.actor) == {dtype}
-    assert weight_dtypes_in_forward(c.ref) == {dtype}
+    assert {p.dtype for p in c.ref.model.parameters()} == {dtype}
+    assert weight_dtypes_in_forward(c.actor.model) == {dtype}
+    assert weight_dtypes_in_forward(c.ref.model) == {dtype}
     assert {p.dtype for p in c.engine.model.parameters()} == {dtype}
     assert c.weight_sync.dtype == dtype
 
@@ -90,8 +90,8 @@ def test_model_dtype_is_the_compute_dtype_of_every_role(model_dir, dtype) -> Non
 @pytest.mark.usefixtures("process_group")
 def test_role_param_dtype_overrides_model_dtype(model_dir) -> None:
     c = build(model_dir, "model.dtype=bfloat16", "actor.fsdp.param_dtype=float32")
-    assert weight_dtypes_in_forward(c.actor) == {torch.float32}
-    assert weight_dtypes_in_forward(c.ref) == {torch.bfloat16}
+    assert weight_dtypes_in_forward(c.actor.model) == {torch.float32}
+    assert weight_dtypes_in_forward(c.ref.model) == {torch.bfloat16}
 
 
 def layer_forward_calls(model, run) -> int:
@@ -112,11 +112,11 @@ def test_gradient_checkpointing_recomputes_in_backward(model_dir, checkpointing)
     c = build(model_dir, f"model.gradient_checkpointing={str(checkpointing).lower()}")
     ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
     runs = {
-        "actor": lambda: response_logprobs(c.actor, ids, mask, T, max_tokens=1000)[0],
-        "critic": lambda: response_values(c.critic, ids, mask, T, max_tokens=1000),
+        "actor": lambda: response_logprobs(c.actor.model, ids, mask, T, max_tokens=1000)[0],
+        "critic": lambda: response_values(c.critic.model, ids, mask, T, max_tokens=1000),
     }
     for role, forward in runs.items():
-        model = getattr(c, role)
+        model = getattr(c, role).model
         # each decoder layer runs once in forward, and once more in backward when checkpointed
         calls = layer_forward_calls(model, lambda f=forward: f().sum().backward())
         assert calls == (2 if checkpointing else 1), role
@@ -125,7 +125,7 @@ def test_gradient_checkpointing_recomputes_in_backward(model_dir, checkpointing)
 @pytest.mark.usefixtures("process_group")
 def test_no_reference_model_without_a_kl_path(model_dir) -> None:
     assert build(model_dir, "algorithm.use_kl_in_reward=false").ref is None
-    assert build(model_dir, "algorithm.use_kl_in_reward=false", "actor.use_kl_loss=true").ref
+    assert build(model_dir, "algorithm.use_kl_in_reward=false", "actor.use_kl_loss=true").ref.model
 
 
 def test_auto_attention_on_a_flash_attn_gpu_follows_share_prompts(monkeypatch) -> None:
@@ -166,7 +166,7 @@ def test_auto_dtype_probes_this_machine(caplog) -> None:
 def test_attn_implementation_picks_the_attention_that_runs(model_dir, setting, runs) -> None:
     share = "true" if setting == "auto" else "false"  # sdpa cannot attend over shared prompts
     c = build(model_dir, f"model.attn_implementation={setting}", f"model.share_prompts={share}")
-    for model in (c.actor, c.critic, c.ref):
+    for model in (c.actor.model, c.critic.model, c.ref.model):
         assert model.config._attn_implementation == runs
 
 
@@ -175,17 +175,19 @@ def test_model_compile_compiles_the_blocks_and_keeps_the_numbers(model_dir) -> N
     eager = build(model_dir, "model.dtype=float32")
     compiled = build(model_dir, "model.dtype=float32", "model.compile=true")
     for c, want in ((eager, False), (compiled, True)):
-        blocks = [m for m in c.actor.modules() if type(m).__name__.endswith(("MLP", "RMSNorm"))]
+        blocks = [
+            m for m in c.actor.model.modules() if type(m).__name__.endswith(("MLP", "RMSNorm"))
+        ]
         assert blocks and {m._compiled_call_impl is not None for m in blocks} == {want}
-        layers = [m for m in c.actor.modules() if type(m).__name__.endswith("Attention")]
+        layers = [m for m in c.actor.model.modules() if type(m).__name__.endswith("Attention")]
         assert layers and {hasattr(m, GROUP_ATTENTION) for m in layers} == {want}
     ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
     valid = mask[:, P:].bool()
-    got, _ = response_logprobs(compiled.actor, ids, mask, T, max_tokens=1000)
-    want, _ = response_logprobs(eager.actor, ids, mask, T, max_tokens=1000)
+    got, _ = response_logprobs(compiled.actor.model, ids, mask, T, max_tokens=1000)
+    want, _ = response_logprobs(eager.actor.model, ids, mask, T, max_tokens=1000)
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
     got.sum().backward()  # the compiled backward runs too
-    assert all(p.grad is not None for p in compiled.actor.parameters())
+    assert all(p.grad is not None for p in compiled.actor.model.parameters())
 
 
 @pytest.mark.usefixtures("process_group")
@@ -194,7 +196,7 @@ def test_sharded_critic_forward_gives_fsdp2_no_view_warning(model_dir) -> None:
     ids, mask = prompt_response_batch([5, 3], [4, 2], P, T, vocab=90)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        response_values(c.critic, ids, mask, T, max_tokens=1000).sum().backward()
+        response_values(c.critic.model, ids, mask, T, max_tokens=1000).sum().backward()
     assert not [w for w in caught if "view tensor" in str(w.message)]
 
 
@@ -212,10 +214,10 @@ def test_wrap_policy_and_min_num_params_choose_the_shard_units(model_dir, settin
     from torch.distributed.fsdp import FSDPModule
 
     c = build(model_dir, *setting)
-    root = type(c.critic).__name__.removeprefix("FSDP")
+    root = type(c.critic.model).__name__.removeprefix("FSDP")
     found = {
         type(m).__name__.removeprefix("FSDP")
-        for m in c.critic.modules()
+        for m in c.critic.model.modules()
         if isinstance(m, FSDPModule)
     } - {root}
     assert found == units

@@ -6,16 +6,17 @@ import math
 import torch
 from transformers import Qwen2ForTokenClassification
 
-from klppo_train.algorithm import make_advantage_fn, make_kl_controller
 from klppo_train.attention import VARLEN
-from klppo_train.budgets import budgets_from_config
-from klppo_train.components import Components
+from klppo_train.budgets import AUTO, budgets_from_config, configured
+from klppo_train.build import assemble
 from klppo_train.config import load_config
 from klppo_train.data import DataConfig, PromptDataset
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
 from klppo_train.rewards import RewardManager
+from klppo_train.roles import ROLES
 from klppo_train.step import ppo_step
+from klppo_train.trainee import mini_batches
 from klppo_train.validate import validate_config
 from rollout import HFEngine, HFEngineConfig, WeightSync
 
@@ -39,7 +40,9 @@ OVERRIDES = [
 ]
 
 
-def components(tokenizer) -> Components:
+def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
+    """``(cfg, Components)`` around plain (unsharded) tiny models, built by the trainer's
+    own :func:`klppo_train.build.assemble` from the config with ``extra`` overrides."""
     actor = build_model(len(tokenizer), seed=0, hidden=64)
     config = copy.deepcopy(actor.config)
     config.num_labels, config.classifier_dropout = 1, 0.0
@@ -47,34 +50,33 @@ def components(tokenizer) -> Components:
     critic = Qwen2ForTokenClassification(config)
     for model in (actor, critic):  # as the trainer builds them (model.share_prompts needs it)
         model.set_attn_implementation(VARLEN)
-    cfg = load_config(None, OVERRIDES)
+    cfg = load_config(None, [*OVERRIDES, *extra])
+    validate_config(cfg)
     engine = HFEngine(copy.deepcopy(actor), HFEngineConfig(pad_token_id=0, eos_token_ids=(1,)))
-    return cfg, Components(
+    c = assemble(
+        cfg,
         actor=actor,
-        actor_optimizer=torch.optim.AdamW(actor.parameters(), lr=cfg.actor.lr),
         engine=engine,
         weight_sync=WeightSync(actor.named_parameters, engine),
         tokenizer=tokenizer,
         rewards=RewardManager(),
-        kl_controller=make_kl_controller(cfg.algorithm),
-        advantage_fn=make_advantage_fn(cfg.algorithm),
         ref=copy.deepcopy(actor).eval(),
         critic=critic,
-        critic_optimizer=torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr),
-        budgets=budgets_from_config(cfg),
     )
+    if not any(configured(cfg, role) == AUTO for role in ROLES):  # else the probe's to set
+        c.budgets = budgets_from_config(cfg)
+    return cfg, c
 
 
 def test_two_ppo_steps() -> None:
     tokenizer = build_tokenizer()
-    cfg, c = components(tokenizer)
-    validate_config(cfg)
+    _, c = components(tokenizer)
     items = PromptDataset(
         make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
     ).items
-    before = [p.detach().clone() for p in c.actor.parameters()]
-    first = ppo_step(c, items, cfg, step=0, version=1)
-    second = ppo_step(c, items, cfg, step=1, version=2)
+    before = [p.detach().clone() for p in c.actor.model.parameters()]
+    first = ppo_step(c, items, step=1)
+    second = ppo_step(c, items, step=2)
     for metrics in (first, second):
         for name in (
             "actor/pg_loss",
@@ -103,7 +105,9 @@ def test_two_ppo_steps() -> None:
     assert second["actor/policy_version_sampled"] == 1 and c.engine.policy_version == 2
     # ... and those are exactly the trainer's: old log-probs equal the engine's (same weights)
     assert second["rollout/logprob_diff_max"] < 1e-4
-    assert any(not torch.equal(a, b) for a, b in zip(before, c.actor.parameters(), strict=True))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, c.actor.model.parameters(), strict=True)
+    )
 
 
 def _count_forwards(model, grad: bool = False) -> list[int]:
@@ -121,15 +125,13 @@ def _count_forwards(model, grad: bool = False) -> list[int]:
 
 def _step_with(extra: list[str], counted: str = "actor", grad: bool = False):
     tokenizer = build_tokenizer()
-    _, c = components(tokenizer)
-    cfg = load_config(None, [*OVERRIDES, *extra])
-    validate_config(cfg)
-    c.budgets = budgets_from_config(cfg)
+    _, c = components(tokenizer, tuple(extra))
     items = PromptDataset(
         make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
     ).items
-    calls = _count_forwards(getattr(c, counted), grad)
-    return ppo_step(c, items, cfg, step=0, version=1), calls[0]
+    model = {"actor": c.actor.model, "critic": c.critic.model, "ref": c.ref.model}[counted]
+    calls = _count_forwards(model, grad)
+    return ppo_step(c, items, step=1), calls[0]
 
 
 def test_old_log_prob_pass_uses_the_rollout_budget() -> None:
@@ -161,16 +163,15 @@ def test_shared_prompts_run_fewer_tokens_for_the_same_step() -> None:
     runs = {}
     for share in ("true", "false"):
         tokenizer = build_tokenizer()
-        _, c = components(tokenizer)
-        cfg = load_config(None, [*OVERRIDES, f"model.share_prompts={share}"])
+        _, c = components(tokenizer, (f"model.share_prompts={share}",))
         items = PromptDataset(
             make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
         ).items
         embedded = [0]
-        c.actor.get_input_embeddings().register_forward_hook(
+        c.actor.model.get_input_embeddings().register_forward_hook(
             lambda module, args, out, n=embedded: n.__setitem__(0, n[0] + args[0].numel())
         )
-        runs[share] = (ppo_step(c, items, cfg, step=0, version=1), embedded[0])
+        runs[share] = (ppo_step(c, items, step=1), embedded[0])
     (shared, shared_tokens), (plain, plain_tokens) = runs["true"], runs["false"]
     assert shared_tokens < 0.75 * plain_tokens  # ~30-token prompts, 4-token responses
     for name in ("actor/pg_loss", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss"):
@@ -179,15 +180,13 @@ def test_shared_prompts_run_fewer_tokens_for_the_same_step() -> None:
 
 
 def test_mini_batches_hold_whole_prompts_in_a_seeded_order() -> None:
-    from klppo_train.step import _mini_batches
-
     prompts = torch.tensor([3, 3, 0, 0, 7, 7, 5, 5])  # rows of 4 prompts, n = 2
-    batches = _mini_batches(prompts, rows_per_mini=4, seed=0)
+    batches = mini_batches(prompts, rows_per_mini=4, seed=0)
     assert sorted(torch.cat(batches).tolist()) == list(range(8))  # every row once
     for rows in batches:
         assert len(rows) == 4
         assert all((prompts[rows] == p).sum() == 2 for p in prompts[rows])  # whole prompts
-    orders = {tuple(torch.cat(_mini_batches(prompts, 4, seed)).tolist()) for seed in range(8)}
+    orders = {tuple(torch.cat(mini_batches(prompts, 4, seed)).tolist()) for seed in range(8)}
     assert len(orders) > 1  # shuffled: the seed decides the order of the prompts
 
 
@@ -234,9 +233,9 @@ def test_val_batch_size_sets_the_validation_batches() -> None:
         return generate(prompts, sampling)
 
     c.engine.generate = recording
-    whole = validation_accuracy(c, items, load_config(None, OVERRIDES))
+    whole = validation_accuracy(c, items, load_config(None, OVERRIDES).data.val_batch_size)
     batched = validation_accuracy(
-        c, items, load_config(None, [*OVERRIDES, "data.val_batch_size=3"])
+        c, items, load_config(None, [*OVERRIDES, "data.val_batch_size=3"]).data.val_batch_size
     )
     assert sizes == [8, 3, 3, 2]
     assert whole == batched and set(whole) == {"val/arithmetic/acc"}

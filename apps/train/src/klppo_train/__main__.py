@@ -15,7 +15,8 @@ from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config import load_config, to_yaml
 from klppo_train.console import configure_output
 from klppo_train.distributed import launch_world_size
-from klppo_train.preflight import UserError, preflight, user_errors
+from klppo_train.errors import UserError, user_errors
+from klppo_train.preflight import preflight
 from klppo_train.run import train
 from klppo_train.validate import validate_config
 

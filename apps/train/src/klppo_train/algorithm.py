@@ -7,6 +7,7 @@ adaptive controller), then the advantage estimator.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,30 +35,41 @@ def make_kl_controller(cfg: AlgorithmConfig) -> FixedKLController | AdaptiveKLCo
     return FixedKLController(ctl.kl_coef)
 
 
-def kl_in_reward(
-    token_scores: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: AlgorithmConfig,
-    controller,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """r = s − β·KL, then the controller moves β by the whole batch's KL (the mean over all
-    data-parallel ranks, which hold equal numbers of samples; n_steps = all their samples),
-    so every rank keeps the same β."""
-    rewards, metrics = apply_kl_penalty(
-        token_scores, old_logprobs, ref_logprobs, response_mask, controller.value, cfg.kl_penalty
-    )
-    kl, world = metrics["kl"].detach().clone().float(), 1
-    if dist.is_initialized():
-        world = dist.get_world_size()
-        dist.all_reduce(kl)
-        kl /= world
-    controller.update(kl, n_steps=token_scores.shape[0] * world)
-    return rewards, {
-        "actor/reward_kl_penalty": float(kl),
-        "actor/reward_kl_penalty_coeff": float(metrics["kl_coef"]),
-    }
+@dataclass(frozen=True)
+class KLInReward:
+    """r = s − β·KL(π_old ‖ π_ref) per token (``algorithm.kl_penalty`` estimator), β from the
+    controller, which then moves by the whole batch's KL (the mean over all data-parallel
+    ranks, which hold equal numbers of samples; n_steps = all their samples), so every rank
+    keeps the same β."""
+
+    penalty: str
+    controller: FixedKLController | AdaptiveKLController
+
+    def __call__(
+        self,
+        token_scores: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        ref_logprobs: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        rewards, metrics = apply_kl_penalty(
+            token_scores,
+            old_logprobs,
+            ref_logprobs,
+            response_mask,
+            self.controller.value,
+            self.penalty,
+        )
+        kl, world = metrics["kl"].detach().clone().float(), 1
+        if dist.is_initialized():
+            world = dist.get_world_size()
+            dist.all_reduce(kl)
+            kl /= world
+        self.controller.update(kl, n_steps=token_scores.shape[0] * world)
+        return rewards, {
+            "actor/reward_kl_penalty": float(kl),
+            "actor/reward_kl_penalty_coeff": float(metrics["kl_coef"]),
+        }
 
 
 # (token_rewards, response_mask, *, values, group_ids) -> (advantages, returns), all [N, T]

@@ -1,16 +1,8 @@
 """The run's per-device token budgets: resolved once, halved on out-of-memory, checkpointed.
 
-Four budgets, each a key that takes a number or ``auto`` (measured before step 0 by
-:mod:`klppo_train.probe`):
-
-====================================== ======== =====================================
-key                                    role     passes that use it
-====================================== ======== =====================================
-``actor.ppo_max_token_len_per_gpu``    actor    update_actor
-``critic.ppo_max_token_len_per_gpu``   critic   values, update_critic
-``ref.log_prob_max_token_len_per_gpu`` ref      ref
-``rollout.log_prob_max_token_len_...`` rollout  old_log_prob
-====================================== ======== =====================================
+One budget per role of :data:`klppo_train.roles.ROLES` (its key takes a number or
+``auto``, measured before step 0 by :mod:`klppo_train.probe`); each pass runs within its
+role's budget (:data:`klppo_train.roles.PASS_ROLES`).
 
 OOM back-off (:func:`run_with_backoff`): a ``torch.OutOfMemoryError`` inside a pass frees
 what it can, halves that role's budget (never below one longest sequence, the rule's
@@ -38,46 +30,18 @@ from typing import Any, TypeVar
 import torch
 
 from klppo_train.faults import FAULTS
+from klppo_train.roles import PASS_ROLES, ROLES, config_value
 
 log = logging.getLogger("klppo_train")
 T = TypeVar("T")
 
 AUTO = "auto"
 BUDGETS_FILE = "budgets.json"  # in the run directory
-KEYS = {
-    "actor": "actor.ppo_max_token_len_per_gpu",
-    "critic": "critic.ppo_max_token_len_per_gpu",
-    "ref": "ref.log_prob_max_token_len_per_gpu",
-    "rollout": "rollout.log_prob_max_token_len_per_gpu",
-}
-PASS_ROLE = {
-    "old_log_prob": "rollout",
-    "ref": "ref",
-    "values": "critic",
-    "update_actor": "actor",
-    "update_critic": "critic",
-}
 
 
 def configured(cfg: Any, role: str) -> int | str:
     """The role's budget as the config gives it: a number or ``"auto"``."""
-    section, name = KEYS[role].split(".")
-    return getattr(getattr(cfg, section), name)
-
-
-DYNAMIC_KEYS = {
-    "actor": "actor.use_dynamic_bsz",
-    "critic": "critic.use_dynamic_bsz",
-    "ref": "ref.log_prob_use_dynamic_bsz",
-    "rollout": "rollout.log_prob_use_dynamic_bsz",
-}
-
-
-def uses_budget(cfg: Any, role: str) -> bool:
-    """Whether the role's passes are cut by its budget (``use_dynamic_bsz``), not by a fixed
-    number of sequences."""
-    section, name = DYNAMIC_KEYS[role].split(".")
-    return getattr(getattr(cfg, section), name) is not False
+    return config_value(cfg, ROLES[role].budget_key)
 
 
 def longest_sequence(cfg: Any) -> int:
@@ -109,21 +73,26 @@ class RunBudgets:
     minimum: int
     source: dict[str, str] = field(default_factory=dict)
     probe: dict[str, Any] | None = None
-    oom_retries: int = 0
     backoffs: list[Backoff] = field(default_factory=list)
     path: Path | None = None  # budgets.json, written by rank 0 (None: not written)
 
     def __getitem__(self, role: str) -> int:
         return self.tokens[role]
 
+    @property
+    def oom_retries(self) -> int:
+        """Passes redone after an out-of-memory error, over the whole run."""
+        return len(self.backoffs)
+
     def back_off(self, pass_name: str, step: int, error: str) -> int:
         """Halve the budget of ``pass_name``'s role; return it. Raises ``torch.OutOfMemoryError``
         naming the key when the budget is at the minimum already."""
-        role = PASS_ROLE[pass_name]
+        role = PASS_ROLES[pass_name]
+        key = ROLES[role].budget_key
         old = self.tokens[role]
         if old <= self.minimum:
             raise torch.OutOfMemoryError(
-                f"{pass_name} (step {step}) is out of memory at {KEYS[role]}={old}, the "
+                f"{pass_name} (step {step}) is out of memory at {key}={old}, the "
                 f"minimum (one sequence of max_prompt_length + response_length = "
                 f"{self.minimum} tokens): shorten data.max_prompt_length or "
                 f"rollout.response_length, turn on gradient checkpointing or offloading, or "
@@ -131,11 +100,10 @@ class RunBudgets:
             )
         new = max(old // 2, self.minimum)
         self.tokens[role] = new
-        self.oom_retries += 1
         self.backoffs.append(Backoff(step, pass_name, role, old, new, error[:300]))
         log.warning(
             "out of memory in %s (step %d): %s %d -> %d, pass redone", pass_name, step,
-            KEYS[role], old, new,
+            key, old, new,
         )  # fmt: skip
         self.write()
         return new
@@ -153,7 +121,6 @@ class RunBudgets:
             minimum=int(state["minimum"]),
             source={role: "checkpoint" for role in state["tokens"]},
             probe=state.get("probe"),
-            oom_retries=int(state.get("oom_retries", 0)),
             backoffs=[Backoff(**b) for b in state.get("backoffs", [])],
             path=path,
         )
@@ -175,11 +142,11 @@ def budgets_from_config(
 ) -> RunBudgets:
     """The config's budgets as numbers; ``auto`` ones from ``probed`` (``{role: (tokens,
     source)}``, :func:`klppo_train.probe.choose_budgets`), which each must have."""
-    tokens = {role: configured(cfg, role) for role in KEYS}
-    source = {role: "config" for role in KEYS}
+    tokens = {role: configured(cfg, role) for role in ROLES}
+    source = {role: "config" for role in ROLES}
     for role, (chosen, how) in (probed or {}).items():
         tokens[role], source[role] = chosen, how
-    auto = [KEYS[role] for role, value in tokens.items() if value == AUTO]
+    auto = [ROLES[role].budget_key for role, value in tokens.items() if value == AUTO]
     if auto:
         raise ValueError(f"{', '.join(auto)}=auto: chosen by klppo_train.probe.choose_budgets")
     return RunBudgets(tokens, longest_sequence(cfg), source, path=path)
@@ -208,7 +175,7 @@ def run_with_backoff(
     while True:
         with FAULTS.in_pass(step, pass_name):
             try:
-                return run(budgets[PASS_ROLE[pass_name]])
+                return run(budgets[PASS_ROLES[pass_name]])
             except torch.OutOfMemoryError as err:
                 if not dynamic:
                     raise

@@ -68,9 +68,9 @@ def save_trainer_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
     state = trainer_state(c, schedulers, loader, step)
-    save_checkpoint(tmp / "actor", c.actor, c.actor_optimizer, extra_state=state)
+    save_checkpoint(tmp / "actor", c.actor.model, c.actor.optimizer, extra_state=state)
     if c.critic is not None:
-        save_checkpoint(tmp / "critic", c.critic, c.critic_optimizer)
+        save_checkpoint(tmp / "critic", c.critic.model, c.critic.optimizer)
     if is_main():
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -103,9 +103,9 @@ def load_trainer_checkpoint(
     path: Path, c: Components, schedulers: list, loader: PromptLoader
 ) -> int:
     """Restore everything :func:`save_trainer_checkpoint` wrote; return the step it was at."""
-    state: dict[str, Any] = load_checkpoint(path / "actor", c.actor, c.actor_optimizer)
+    state: dict[str, Any] = load_checkpoint(path / "actor", c.actor.model, c.actor.optimizer)
     if c.critic is not None:
-        load_checkpoint(path / "critic", c.critic, c.critic_optimizer)
+        load_checkpoint(path / "critic", c.critic.model, c.critic.optimizer)
     for scheduler, saved in zip(schedulers, state["schedulers"], strict=True):
         scheduler.load_state_dict(saved)
     c.kl_controller.value = state["kl_coef"]

@@ -1,56 +1,79 @@
 """Everything a PPO step touches, built once by :mod:`klppo_train.build` and passed in.
 
-Choices (advantage estimator, KL controller, engine, reward manager) are resolved once,
-at build time, into the objects held here; the step never looks a name up.
+Choices (advantage estimator, KL controller, engine, reward manager, which passes run) are
+resolved once, at build time, into the objects held here; the step never looks a name or
+a config key up.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
-from klppo_train.algorithm import AdvantageFn
+from klppo_train.algorithm import AdvantageFn, KLInReward
 from klppo_train.budgets import RunBudgets
+from klppo_train.engine import Sampling
+from klppo_train.passes import ForwardPass
 from klppo_train.rewards import RewardManager
+from klppo_train.trainee import Trainee
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightSync
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What a step does besides its passes: how it samples (``rollout.sampling`` and the
+    seeds), the responses' fixed width ``response_length`` (T), and whether the ranks
+    re-split their rollouts by tokens (``trainer.balance_batch``)."""
+
+    sampling: Sampling
+    response_length: int
+    balance_batch: bool = True
+
+
 @dataclass
 class Components:
-    """The run's models, optimizers, engine and resolved choices (constructor injection).
+    """The run's trainees, passes, engine and resolved choices (constructor injection).
 
-    ``ref`` is None without a KL path, ``critic``/``critic_optimizer`` without a critic.
-    ``budgets``: the token budgets in force (set before step 0: the config's numbers, the
-    probe's choice for ``auto``, or a checkpoint's). ``timings`` collects
-    ``timing_s/<stage>`` of the current step.
+    ``old_log_prob`` is None on the on-policy shortcut (one mini-batch, one epoch, no KL in
+    the reward: logπ_old = sg(logπ)); ``ref`` without a KL path; ``values``/``critic``
+    without a critic; ``kl_in_reward`` without ``algorithm.use_kl_in_reward`` (the
+    controller is kept either way: it is checkpointed). ``budgets``: the token budgets in
+    force (set before step 0: the config's numbers, the probe's choice for ``auto``, or a
+    checkpoint's).
     """
 
-    actor: nn.Module
-    actor_optimizer: torch.optim.Optimizer
+    actor: Trainee
     engine: RolloutEngine
     weight_sync: WeightSync
     tokenizer: Any  # a HF tokenizer (any class: the embedded one is a plain fast tokenizer)
     rewards: RewardManager
     kl_controller: FixedKLController | AdaptiveKLController
     advantage_fn: AdvantageFn
-    ref: nn.Module | None = None
-    critic: nn.Module | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
+    plan: StepPlan
+    kl_in_reward: KLInReward | None = None
+    old_log_prob: ForwardPass | None = None
+    ref: ForwardPass | None = None
+    values: ForwardPass | None = None
+    critic: Trainee | None = None
     actor_params: int = 0  # of the full (unsharded) actor: the step's FLOP estimate
     budgets: RunBudgets | None = None
-    timings: dict[str, float] = field(default_factory=dict)
 
+    def trainees(self) -> list[Trainee]:
+        return [t for t in (self.actor, self.critic) if t is not None]
 
-@contextmanager
-def timed(c: Components, stage: str) -> Iterator[None]:
-    """Record the wall time of the block as ``c.timings["timing_s/<stage>"]``."""
-    start = time.perf_counter()
-    yield
-    c.timings[f"timing_s/{stage}"] = time.perf_counter() - start
+    def pass_for(self, role: str) -> ForwardPass | Trainee | None:
+        """What the probe measures for ``role`` (its most demanding pass), or None when that
+        pass does not run in this configuration."""
+        return {
+            "actor": self.actor,
+            "critic": self.critic,
+            "ref": self.ref,
+            "rollout": self.old_log_prob,
+        }[role]
+
+    def models(self) -> list[nn.Module]:
+        """The trained models (actor, then critic)."""
+        return [t.model for t in self.trainees()]

@@ -8,7 +8,7 @@ the tokenizer's ids, and each call's sampling seed.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM
@@ -43,26 +43,38 @@ def build_engine(cfg: AppConfig, model_dir: Path, tokenizer, precision: Precisio
 STRIDE = 1_000_003
 
 
-def _step_seed(cfg: AppConfig, step: int) -> int:
-    return cfg.trainer.seed * STRIDE + step
+@dataclass(frozen=True)
+class Sampling:
+    """What each generate call samples with: ``rollout.sampling``, seeded per call from
+    (``trainer.seed``, step), and greedy-or-``val_temperature`` validation."""
 
+    config: SamplingConfig
+    seed: int  # trainer.seed
+    val_temperature: float = 0.0
 
-def sampling_config(cfg: AppConfig, *, validation: bool = False, step: int = 0) -> SamplingConfig:
-    """``rollout.sampling`` with this call's seed; validation draws one greedy
-    (``rollout.val_temperature``) sample per prompt. The seed differs per step (one fixed
-    seed would replay the same random draws every step) and is a function of
-    (``trainer.seed``, step) so a resumed run samples exactly what an uninterrupted one
-    would."""
-    sampling = cfg.rollout.sampling
-    if validation:
-        sampling = replace(sampling, n=1, temperature=cfg.rollout.val_temperature)
-    return replace(sampling, seed=_step_seed(cfg, step))
+    @classmethod
+    def from_config(cls, cfg: AppConfig) -> Sampling:
+        return cls(cfg.rollout.sampling, cfg.trainer.seed, cfg.rollout.val_temperature)
 
+    def _step_seed(self, step: int) -> int:
+        return self.seed * STRIDE + step
 
-def request_seeds(cfg: AppConfig, step: int, prompts: range) -> list[int]:
-    """One seed per prompt of the step, from (``trainer.seed``, step, the prompt's index in
-    the whole step's batch): every request draws its own random stream (one seed for all
-    gave duplicate prompts identical samples), and a prompt gets the same samples whichever
-    rank generates it, so the samples do not change with the world size."""
-    base = _step_seed(cfg, step) * STRIDE
-    return [base + index for index in prompts]
+    def for_step(self, step: int) -> SamplingConfig:
+        """``rollout.sampling`` with this step's seed. The seed differs per step (one fixed
+        seed would replay the same random draws every step) and is a function of
+        (``trainer.seed``, step) so a resumed run samples exactly what an uninterrupted one
+        would."""
+        return replace(self.config, seed=self._step_seed(step))
+
+    def for_validation(self) -> SamplingConfig:
+        """One greedy (``rollout.val_temperature``) sample per prompt."""
+        validation = replace(self.config, n=1, temperature=self.val_temperature)
+        return replace(validation, seed=self._step_seed(0))
+
+    def request_seeds(self, step: int, prompts: range) -> list[int]:
+        """One seed per prompt of the step, from (``trainer.seed``, step, the prompt's index
+        in the whole step's batch): every request draws its own random stream (one seed for
+        all gave duplicate prompts identical samples), and a prompt gets the same samples
+        whichever rank generates it, so the samples do not change with the world size."""
+        base = self._step_seed(step) * STRIDE
+        return [base + index for index in prompts]

@@ -16,8 +16,10 @@ from contextlib import contextmanager
 
 import torch
 
+from klppo_train.roles import PASS_ROLES
+
 ENV = "KLPPO_FAULT_OOM"
-PASSES = ("old_log_prob", "ref", "values", "update_actor", "update_critic")
+PASSES = tuple(PASS_ROLES)
 
 
 def parse_faults(spec: str) -> set[tuple[int, str, int]]:

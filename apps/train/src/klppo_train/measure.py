@@ -21,7 +21,6 @@ import torch
 from fsdp_sharding import default_device
 from klppo_train.budgets import release_memory as release_cached
 from klppo_train.components import Components
-from klppo_train.config import AppConfig
 from klppo_train.distributed import world_size
 
 GIB = 2**30
@@ -112,9 +111,8 @@ def _optimizer_state_gib(c: Components) -> float:
     """AdamW's two fp32 moments per trainable parameter of this rank's shards, created at
     the first step (after the probe): memory the passes cannot have."""
     total = 0
-    for model in (c.actor, c.critic):
-        if model is not None:
-            total += sum(_local_numel(p) for p in model.parameters() if p.requires_grad)
+    for model in c.models():
+        total += sum(_local_numel(p) for p in model.parameters() if p.requires_grad)
     return 8 * total / GIB
 
 
@@ -123,8 +121,10 @@ def _local_numel(param: torch.Tensor) -> int:
     return (local() if local else param).numel()
 
 
-def memory_allowance(cfg: AppConfig, c: Components) -> tuple[float, dict[str, float]]:
-    """GiB one pass may add, and how that was worked out."""
+def memory_allowance(limit_gib: float, c: Components) -> tuple[float, dict[str, float]]:
+    """GiB one pass may add under ``trainer.memory_limit_gib`` (``limit_gib``; 0 = in use now
+    + 90 % of the GPU's free memory / 80 % of the available RAM), and how that was worked
+    out."""
     cuda = default_device().type == "cuda"
     if cuda:
         free, total = (x / GIB for x in torch.cuda.mem_get_info())
@@ -133,7 +133,7 @@ def memory_allowance(cfg: AppConfig, c: Components) -> tuple[float, dict[str, fl
         free, total = (_proc_kib(f, "/proc/meminfo") / 2**20 for f in ("MemAvailable", "MemTotal"))
         share, default_fraction = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 0.8
     in_use = total - free
-    limit = cfg.trainer.memory_limit_gib or in_use + default_fraction * free
+    limit = limit_gib or in_use + default_fraction * free
     optimizer = _optimizer_state_gib(c)
     allowance = (limit - in_use) / share - optimizer
     return allowance, {

@@ -10,42 +10,21 @@ key, file or row; ``main`` prints it and exits 2 (``--debug`` shows the tracebac
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
-import yaml
-from omegaconf.errors import OmegaConfBaseException
 
 from klppo_train.config import AppConfig
 from klppo_train.data import PromptDataset, read_rows
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.prepare import prepare_data, prepare_model
+from klppo_train.errors import UserError, user_errors
 from klppo_train.faults import FAULTS
 from klppo_train.hf_dirs import load_tokenizer
 from klppo_train.rewards import RewardManager
 from klppo_train.validate import validate_config
 
 log = logging.getLogger("klppo_train")
-
-# What a user can get wrong before any model loads; anything else is a bug (a traceback).
-USER_ERRORS = (ValueError, OSError, pa.ArrowException, yaml.YAMLError, OmegaConfBaseException)
-
-
-class UserError(Exception):
-    """A config, recipe, data, row or reward error: one line, exit 2, no traceback."""
-
-
-@contextmanager
-def user_errors(prefix: str = "") -> Iterator[None]:
-    """Turn the errors a user causes into one :class:`UserError` line."""
-    try:
-        yield
-    except USER_ERRORS as err:
-        raise UserError(prefix + " ".join(str(err).split())) from err
 
 
 @dataclass(frozen=True)

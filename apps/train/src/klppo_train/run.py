@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from fsdp_sharding import export_hf
 from klppo_train.budgets import BUDGETS_FILE
-from klppo_train.build import build_components, ensure_model_dir, make_schedulers
+from klppo_train.build import build_components, ensure_model_dir, make_schedulers, probe_shape
 from klppo_train.checkpoint import (
     load_trainer_checkpoint,
     resolve_resume,
@@ -40,7 +40,6 @@ from klppo_train.distributed import (
     launch_world_size,
     rank_slice,
 )
-from klppo_train.engine import sampling_config
 from klppo_train.preflight import Checked, preflight
 from klppo_train.probe import choose_budgets
 from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
@@ -49,26 +48,24 @@ from klppo_train.step import ppo_step
 log = logging.getLogger("klppo_train")
 
 
-def validation_accuracy(c: Components, items, cfg: AppConfig) -> dict[str, float]:
+def validation_accuracy(c: Components, items, batch_size: int = 0) -> dict[str, float]:
     """Greedy (``rollout.val_temperature``) accuracy per data source, ``val/<source>/acc``,
-    over the whole validation set, ``data.val_batch_size`` prompts at a time (all at once
-    when unset; each rank generates its slice of each batch); none without a set."""
+    over the whole validation set, ``batch_size`` (``data.val_batch_size``) prompts at a time
+    (all at once when 0; each rank generates its slice of each batch); none without a set."""
     if not items:
         return {}
-    size = cfg.data.val_batch_size or len(items)
+    size = batch_size or len(items)
     hits: dict[str, list[float]] = {}
     for start in range(0, len(items), size):
-        _score_validation_batch(c, rank_slice(items[start : start + size]), cfg, hits)
+        _score_validation_batch(c, rank_slice(items[start : start + size]), hits)
     hits = concat_over_ranks(hits)
     return {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
 
 
-def _score_validation_batch(c: Components, mine, cfg: AppConfig, hits: dict) -> None:
+def _score_validation_batch(c: Components, mine, hits: dict) -> None:
     if not mine:  # a last batch smaller than the world size leaves some ranks none
         return
-    batch = c.engine.generate(
-        [list(i.prompt_ids) for i in mine], sampling_config(cfg, validation=True)
-    )
+    batch = c.engine.generate([list(i.prompt_ids) for i in mine], c.plan.sampling.for_validation())
     for sample in batch.samples:
         item = mine[sample.prompt_index]
         text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
@@ -121,7 +118,7 @@ def _token_budgets(c: Components, cfg: AppConfig, run_dir: Path) -> None:
     ``run_dir/budgets.json`` (rank 0)."""
     path = run_dir / BUDGETS_FILE if is_main() else None
     if c.budgets is None:
-        c.budgets = choose_budgets(c, cfg, path)
+        c.budgets = choose_budgets(c, cfg, probe_shape(cfg), path)
     else:
         c.budgets.path = path
         c.budgets.write()
@@ -141,14 +138,14 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
         c.weight_sync.sync(version=first)
     metrics_log = MetricsLog(run_dir, first, steps, enabled=is_main())
     if not first and cfg.trainer.val_before_train:
-        metrics_log.log(0, validation_accuracy(c, val_set.items, cfg))
+        metrics_log.log(0, validation_accuracy(c, val_set.items, cfg.data.val_batch_size))
     last = min(steps, cfg.trainer.stop_at_step or steps)
     for step in range(first + 1, last + 1):
-        metrics = ppo_step(c, loader.next_batch(), cfg, step=step, version=step)
+        metrics = ppo_step(c, loader.next_batch(), step)
         for scheduler in schedulers:
             scheduler.step()
         if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
-            metrics.update(validation_accuracy(c, val_set.items, cfg))
+            metrics.update(validation_accuracy(c, val_set.items, cfg.data.val_batch_size))
         metrics_log.log(step, global_metrics(metrics))
         if _due(step, cfg.trainer.save_freq, last):
             save_trainer_checkpoint(
@@ -156,7 +153,7 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
             )
     metrics_log.close()
     if last == steps:
-        export_hf(c.actor, c.tokenizer, run_dir / "actor_hf")
+        export_hf(c.actor.model, c.tokenizer, run_dir / "actor_hf")
     return metrics_log.records
 
 

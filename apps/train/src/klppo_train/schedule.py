@@ -10,9 +10,7 @@ from torch.optim.lr_scheduler import LambdaLR
 SCHEDULES = ("constant", "cosine")
 
 
-def lr_factor(
-    step: int, *, warmup_steps: int, total_steps: int, kind: str, min_ratio: float = 0.0
-) -> float:
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int, kind: str) -> float:
     """Multiplier of the base LR at optimizer step ``step`` (0-based)."""
     if kind not in SCHEDULES:
         raise ValueError(f"unknown lr schedule {kind!r}; valid: {', '.join(SCHEDULES)}")
@@ -22,7 +20,7 @@ def lr_factor(
         return 1.0
     span = max(total_steps - warmup_steps, 1)
     progress = min((step - warmup_steps) / span, 1.0)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def make_scheduler(

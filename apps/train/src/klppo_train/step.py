@@ -1,46 +1,53 @@
-"""One PPO step, in numbered stages, over components built elsewhere and passed in.
+"""One PPO step, in numbered stages, over components built once and passed in.
 
-generate (+ balance over ranks) → engine sleeps → old log-probs → ref log-probs → values →
-scores → KL in reward → advantages → critic update → actor update → engine wakes → weight
-sync → metrics. Every stage is timed (``timing_s/<stage>``). Each forward pass and update
-runs within its role's token budget (``c.budgets``) and, on out-of-memory, halves it and
-redoes the pass (:mod:`klppo_train.budgets`). Under torchrun every rank runs
-every stage on its own share of the prompts (with all ``n`` samples of a prompt on one rank,
-so GRPO/RLOO groups stay whole); agreed micro-batch counts, the losses' global token counts,
-whitening over all ranks, FSDP's gradient reduction and the KL controller's all-reduce make
-the step equal to one process on the whole batch. The returned metrics are this rank's; the
-run logs them combined (``distributed.global_metrics``).
+1 generate (+ balance over ranks) → 2 engine sleeps → 3 old log-probs → 4 ref log-probs →
+5 values → 6 scores, KL in reward, advantages → 7 critic update → 8 actor update →
+9 engine wakes → 10 weight sync → 11 metrics.
+
+Every stage is timed (``timing_s/<stage>``). Each forward pass and update runs within its
+role's token budget (``c.budgets``) and, on out-of-memory, halves it and redoes the pass
+(:mod:`klppo_train.budgets`). Under torchrun every rank runs every stage on its own share of
+the prompts (with all ``n`` samples of a prompt on one rank, so GRPO/RLOO groups stay
+whole); agreed micro-batch counts, the losses' global token counts, whitening over all
+ranks, FSDP's gradient reduction and the KL controller's all-reduce make the step equal to
+one process on the whole batch. The returned metrics are this rank's; the run logs them
+combined (``distributed.global_metrics``). Nothing here reads the config: the passes,
+trainees and the :class:`StepPlan` in :class:`Components` were built from it once.
 """
 
 from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
 from fsdp_sharding import default_device
-from klppo_train.actor import PolicyBatch, actor_update_step
-from klppo_train.algorithm import advantage_metrics, explained_variance, kl_in_reward
+from klppo_train.algorithm import advantage_metrics, explained_variance
 from klppo_train.balance import balance_rollouts
-from klppo_train.batch import RolloutTensors, rollout_tensors
-from klppo_train.budgets import PASS_ROLE, run_with_backoff, uses_budget
-from klppo_train.components import Components, timed
-from klppo_train.config import AppConfig
-from klppo_train.critic import ValueBatch, critic_update_step
+from klppo_train.components import Components
 from klppo_train.data import PromptItem
-from klppo_train.distributed import rank_span, world_size
-from klppo_train.engine import request_seeds, sampling_config
-from klppo_train.forward import response_logprobs, response_values
+from klppo_train.distributed import rank_span
 from klppo_train.rewards import RewardManager
-from klppo_train.update import select_rows, static_micro_batch_size
+from klppo_train.trajectories import Trajectories, trajectories
 from ppo_core import masked_mean
 from rollout import logprob_mismatch
 
 
-def score_responses(c: Components, items: Sequence[PromptItem], t: RolloutTensors) -> torch.Tensor:
+class Timings(dict):
+    """``timing_s/<stage>`` of one step."""
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self[f"timing_s/{stage}"] = time.perf_counter() - start
+
+
+def score_responses(c: Components, items: Sequence[PromptItem], t: Trajectories) -> torch.Tensor:
     """Sequence scores on the last response token (``[N, T]``)."""
     scores = []
     for row, index in enumerate(t.prompt_index.tolist()):
@@ -51,216 +58,64 @@ def score_responses(c: Components, items: Sequence[PromptItem], t: RolloutTensor
     return RewardManager.token_scores(t.response_ids, t.response_mask, scores)
 
 
-def _mini_batches(prompts: torch.Tensor, rows_per_mini: int, seed: int) -> list[torch.Tensor]:
-    """Row indices of mini-batches in a shuffled order of whole prompts: a prompt's ``n``
-    samples stay in one mini-batch (as in verl, whose mini-batches count prompts) whenever
-    ``rows_per_mini`` is a multiple of ``n``, so GRPO-style groups and shared prompt tokens
-    (``model.share_prompts``) stay together."""
-    _, prompt = torch.unique(prompts.cpu(), return_inverse=True)
-    shuffled = torch.randperm(int(prompt.max()) + 1, generator=torch.Generator().manual_seed(seed))
-    place = torch.empty_like(shuffled)
-    place[shuffled] = torch.arange(len(shuffled))
-    order = torch.argsort(place[prompt], stable=True)
-    return [order[i : i + rows_per_mini] for i in range(0, len(order), rows_per_mini)]
-
-
-def _epochs(update, batch, prompts, epochs: int, rows_per_mini: int, seed: int) -> dict:
-    """Run ``update`` over shuffled mini-batches of whole prompts (``prompts``: each row's
-    prompt index) for ``epochs``; average the metrics."""
-    sums: dict[str, float] = {}
-    steps = 0
-    for epoch in range(epochs):
-        for rows in _mini_batches(prompts, rows_per_mini, seed + epoch):
-            for name, value in update(select_rows(batch, rows)).items():
-                sums[name] = sums.get(name, 0.0) + value
-            steps += 1
-    return {name: value / steps for name, value in sums.items()}
-
-
-def skips_old_log_prob_pass(cfg: AppConfig) -> bool:
-    """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not moved
-    since it generated, so the update uses logπ_old = sg(logπ) and the old-log-prob pass is
-    not run — unless the KL in the reward needs logπ before the update."""
-    one_update = (
-        cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
-    )
-    return one_update and not cfg.algorithm.use_kl_in_reward
-
-
-@torch.no_grad()
-def no_grad_logprobs(model, t: RolloutTensors, cfg: AppConfig, role, budget: int, **kwargs):
-    """Response log-probs (and entropy with ``with_entropy=True``) of ``model`` on the batch,
-    micro-batched within ``budget`` tokens or as ``role`` (``cfg.rollout``/``cfg.ref``)
-    fixes it."""
-    return response_logprobs(
-        model,
-        t.input_ids,
-        t.attention_mask,
-        cfg.rollout.sampling.max_new_tokens,
-        temperature=cfg.rollout.sampling.temperature,
-        max_tokens=budget,
-        micro_batch_size=static_micro_batch_size(
-            role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu
-        ),
-        share_prompts=cfg.model.share_prompts,
-        **kwargs,
-    )
-
-
-def no_grad_values(model, t: RolloutTensors, cfg: AppConfig, budget: int) -> torch.Tensor:
-    with torch.no_grad():
-        return response_values(
-            model,
-            t.input_ids,
-            t.attention_mask,
-            cfg.rollout.sampling.max_new_tokens,
-            max_tokens=budget,
-            micro_batch_size=static_micro_batch_size(
-                cfg.critic.use_dynamic_bsz, cfg.critic.ppo_micro_batch_size_per_gpu
-            ),
-            share_prompts=cfg.model.share_prompts,
-        )
-
-
-def _pass(c: Components, cfg: AppConfig, name: str, step: int, run, reset=None):
-    """Run pass ``name`` within its role's budget, backing off on out-of-memory."""
-    dynamic = uses_budget(cfg, PASS_ROLE[name])
-    return run_with_backoff(c.budgets, name, step, run, dynamic=dynamic, reset=reset)
-
-
-@dataclass(frozen=True)
-class ForwardPasses:
-    """The step's forward-only outputs, ``[N, T]`` each (None where that pass did not run)."""
-
-    old: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    ref: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-
-
-def _generate(c: Components, items: Sequence[PromptItem], cfg: AppConfig, step: int, span):
-    """``(items, tensors, balance metrics)``: this rank's rollouts, re-split over the ranks by
-    tokens when ``trainer.balance_batch``."""
+def _generate(c: Components, items: Sequence[PromptItem], step: int, span: range):
+    """``(items, trajectories, balance metrics)``: this rank's rollouts, re-split over the
+    ranks by tokens when ``trainer.balance_batch``."""
+    plan = c.plan
     batch = c.engine.generate(
         [list(i.prompt_ids) for i in items],
-        sampling_config(cfg, step=step),
-        seeds=request_seeds(cfg, step, span),
+        plan.sampling.for_step(step),
+        seeds=plan.sampling.request_seeds(step, span),
     )
     balance: dict[str, float] = {}
-    if cfg.trainer.balance_batch:
+    if plan.balance_batch:
         items, batch, balance = balance_rollouts(items, batch)
-    tensors = rollout_tensors(
+    t = trajectories(
         [i.prompt_ids for i in items],
         batch,
         pad_token_id=c.tokenizer.pad_token_id,
-        response_length=cfg.rollout.sampling.max_new_tokens,
+        response_length=plan.response_length,
         device=default_device(),
     )
-    return items, tensors, balance
+    return items, t, balance
 
 
-def _forward_passes(c: Components, t: RolloutTensors, cfg: AppConfig, step: int) -> ForwardPasses:
-    old = entropy = ref = values = None
-    if not skips_old_log_prob_pass(cfg):
-        with timed(c, "old_log_prob"):
-            old, entropy = _pass(
-                c, cfg, "old_log_prob", step,
-                lambda budget: no_grad_logprobs(
-                    c.actor, t, cfg, cfg.rollout, budget, with_entropy=True
-                ),
-            )  # fmt: skip
+def _forward_passes(c: Components, t: Trajectories, step: int, timed: Timings) -> Trajectories:
+    """Stages 3–5: the forward-only passes that run in this configuration."""
+    if c.old_log_prob is not None:
+        with timed("old_log_prob"):
+            old, entropy = c.old_log_prob(t, c.budgets, step)
+        t = replace(t, old_logprobs=old, entropy=entropy)
     if c.ref is not None:
-        with timed(c, "ref"):
-            ref, _ = _pass(
-                c, cfg, "ref", step, lambda budget: no_grad_logprobs(c.ref, t, cfg, cfg.ref, budget)
-            )  # fmt: skip
-    if c.critic is not None:
-        with timed(c, "values"):
-            values = _pass(
-                c, cfg, "values", step, lambda budget: no_grad_values(c.critic, t, cfg, budget)
-            )  # fmt: skip
-    return ForwardPasses(old, entropy, ref, values)
+        with timed("ref"):
+            t = replace(t, ref_logprobs=c.ref(t, c.budgets, step)[0])
+    if c.values is not None:
+        with timed("values"):
+            t = replace(t, values=c.values(t, c.budgets, step))
+    return t
 
 
-def _advantages(c: Components, items, t: RolloutTensors, cfg: AppConfig, p: ForwardPasses):
-    """``(scores, advantages, returns, kl metrics)``: rewards, the KL in the reward, the
-    resolved estimator."""
+def _advantages(c: Components, items, t: Trajectories) -> tuple[Trajectories, torch.Tensor, dict]:
+    """Stage 6: ``(trajectories with advantages and returns, scores, kl metrics)``."""
     scores = score_responses(c, items, t)
     rewards, metrics = scores, {}
-    if cfg.algorithm.use_kl_in_reward and p.ref is not None:
-        rewards, metrics = kl_in_reward(
-            scores, p.old, p.ref, t.response_mask, cfg.algorithm, c.kl_controller
-        )
+    if c.kl_in_reward is not None:
+        rewards, metrics = c.kl_in_reward(scores, t.old_logprobs, t.ref_logprobs, t.response_mask)
     advantages, returns = c.advantage_fn(
-        rewards, t.response_mask, values=p.values, group_ids=t.prompt_index
+        rewards, t.response_mask, values=t.values, group_ids=t.prompt_index
     )
-    return scores, advantages, returns, metrics
+    return replace(t, advantages=advantages, returns=returns), scores, metrics
 
 
-def _update_critic(c: Components, t: RolloutTensors, p, returns, cfg: AppConfig, step: int):
-    batch = ValueBatch(t.input_ids, t.attention_mask, t.response_mask, p.values, returns)
-
-    def update(mb: ValueBatch) -> dict[str, float]:
-        return _pass(
-            c, cfg, "update_critic", step,
-            lambda budget: critic_update_step(
-                c.critic, c.critic_optimizer, mb, cfg.critic, max_tokens=budget,
-                share_prompts=cfg.model.share_prompts,
-            ),
-            reset=lambda: c.critic_optimizer.zero_grad(set_to_none=True),
-        )  # fmt: skip
-
-    return _epochs(
-        update,
-        batch,
-        t.prompt_index,
-        cfg.critic.ppo_epochs,
-        cfg.critic.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
-        step,
-    )
-
-
-def _update_actor(c: Components, t: RolloutTensors, p, advantages, cfg: AppConfig, step: int):
-    batch = PolicyBatch(
-        t.input_ids,
-        t.attention_mask,
-        t.response_mask,
-        p.old,
-        advantages,
-        p.ref,
-        engine_logprobs=t.engine_logprobs if p.old is None else None,
-    )
-
-    def update(mb: PolicyBatch) -> dict[str, float]:
-        return _pass(
-            c, cfg, "update_actor", step,
-            lambda budget: actor_update_step(
-                c.actor, c.actor_optimizer, mb, cfg.actor, max_tokens=budget,
-                temperature=cfg.rollout.sampling.temperature,
-                share_prompts=cfg.model.share_prompts,
-            ),
-            reset=lambda: c.actor_optimizer.zero_grad(set_to_none=True),
-        )  # fmt: skip
-
-    return _epochs(
-        update,
-        batch,
-        t.prompt_index,
-        cfg.actor.ppo_epochs,
-        cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
-        step,
-    )
-
-
-def _step_metrics(t: RolloutTensors, p: ForwardPasses, scores, advantages, returns) -> dict:
+def _step_metrics(t: Trajectories, scores: torch.Tensor) -> dict[str, float]:
     mask = t.response_mask
-    metrics = advantage_metrics(advantages, returns, mask)
-    if p.values is not None:
-        metrics["critic/vf_explained_var"] = explained_variance(p.values, returns, mask)
-    if p.old is not None:  # else the update measured both in its own forward
-        mismatch = logprob_mismatch(t.engine_logprobs, p.old, mask)
+    metrics = advantage_metrics(t.advantages, t.returns, mask)
+    if t.values is not None:
+        metrics["critic/vf_explained_var"] = explained_variance(t.values, t.returns, mask)
+    if t.old_logprobs is not None:  # else the update measured both in its own forward
+        mismatch = logprob_mismatch(t.engine_logprobs, t.old_logprobs, mask)
         metrics.update({k: float(v) for k, v in mismatch.items()})
-        metrics["actor/entropy"] = float(masked_mean(p.entropy, mask))
+        metrics["actor/entropy"] = float(masked_mean(t.entropy, mask))
     metrics.update(
         {
             "critic/score/mean": float((scores * mask).sum(-1).mean()),
@@ -268,63 +123,62 @@ def _step_metrics(t: RolloutTensors, p: ForwardPasses, scores, advantages, retur
             "perf/response_tokens": float(mask.sum()),
             "actor/policy_version_sampled": float(t.policy_version),
             "actor/entropy_rollout": float(masked_mean(-t.engine_logprobs, mask)),
-            "actor/on_policy_shortcut": float(p.old is None),
+            "actor/on_policy_shortcut": float(t.old_logprobs is None),
         }
     )
     return metrics
 
 
-def ppo_step(
-    c: Components, items: Sequence[PromptItem], cfg: AppConfig, *, step: int, version: int
-) -> dict[str, float]:
+def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str, float]:
     """Train on one batch of prompts (this rank's slice of it); the engine ends up holding
-    weights ``version``."""
-    c.timings.clear()
+    the weights of version ``step``."""
+    timed = Timings()
     step_start = time.perf_counter()
     if default_device().type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     span = rank_span(len(items))
     items = items[span.start : span.stop]
-    with timed(c, "gen"):
-        items, t, balance = _generate(c, items, cfg, step, span)
-    # Free the engine's GPU memory for the passes (verl's free_cache_engine).
-    with timed(c, "sleep"):
+    with timed("gen"):  # 1
+        items, t, balance = _generate(c, items, step, span)
+    with timed(
+        "sleep"
+    ):  # 2: free the engine's GPU memory for the passes (verl's free_cache_engine)
         c.engine.sleep()
     retries_before = c.budgets.oom_retries
-    passes = _forward_passes(c, t, cfg, step)
-    with timed(c, "adv"):
-        scores, advantages, returns, metrics = _advantages(c, items, t, cfg, passes)
+    t = _forward_passes(c, t, step, timed)  # 3, 4, 5
+    with timed("adv"):  # 6
+        t, scores, metrics = _advantages(c, items, t)
     if c.critic is not None:
-        with timed(c, "update_critic"):
-            metrics.update(_update_critic(c, t, passes, returns, cfg, step))
-    with timed(c, "update_actor"):
-        metrics.update(_update_actor(c, t, passes, advantages, cfg, step))
-    with timed(c, "wake_up"):
+        with timed("update_critic"):  # 7
+            metrics.update(c.critic.train(t, c.budgets, step))
+    with timed("update_actor"):  # 8
+        metrics.update(c.actor.train(t, c.budgets, step))
+    with timed("wake_up"):  # 9
         c.engine.wake_up()
-    with timed(c, "update_weights"):
-        c.weight_sync.sync(version=version)
-    metrics.update(_step_metrics(t, passes, scores, advantages, returns))
+    with timed("update_weights"):  # 10
+        c.weight_sync.sync(version=step)
+    metrics.update(_step_metrics(t, scores))  # 11
     metrics.update(c.rewards.metrics(reset=True))
     metrics.update(balance)
     metrics.update(c.budgets.metrics())
     metrics["perf/oom_retries"] = float(c.budgets.oom_retries - retries_before)
-    c.timings["timing_s/step"] = time.perf_counter() - step_start
-    metrics.update(c.timings)
-    metrics.update(_perf_metrics(c, t, cfg))
+    timed["timing_s/step"] = time.perf_counter() - step_start
+    metrics.update(timed)
+    metrics.update(_perf_metrics(c, t, timed))
     return metrics
 
 
-def _perf_metrics(c: Components, t: RolloutTensors, cfg: AppConfig) -> dict[str, float]:
+def _perf_metrics(c: Components, t: Trajectories, timed: Timings) -> dict[str, float]:
     """verl's ``perf/throughput`` (prompt + response tokens per second per device), the actor
     update's achieved TFLOP/s (6 · params · tokens · epochs, attention not counted, every
     sample's prompt counted: with ``model.share_prompts`` fewer tokens ran; divide by the
     device's peak for MFU) and peak memory (CUDA: allocated/reserved this step; CPU: the
     process's peak RSS so far)."""
     tokens = float(t.attention_mask.sum())
-    out = {"perf/throughput": tokens / c.timings["timing_s/step"]}
-    update = c.timings.get("timing_s/update_actor")
+    out = {"perf/throughput": tokens / timed["timing_s/step"]}
+    update = timed.get("timing_s/update_actor")
     if update and c.actor_params:
-        flops = 6 * c.actor_params * tokens * cfg.actor.ppo_epochs
+        flops = 6 * c.actor_params * tokens * c.actor.epochs
         out["perf/actor_update_tflops"] = flops / update / 1e12
     if default_device().type == "cuda":
         out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30

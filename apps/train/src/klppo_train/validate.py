@@ -13,12 +13,12 @@ from fsdp_sharding import default_device
 from klppo_train.algorithm import ADV_ESTIMATORS
 from klppo_train.allocator import check_allocator
 from klppo_train.attention import IMPLEMENTATIONS, VARLEN
-from klppo_train.budgets import AUTO, DYNAMIC_KEYS, longest_sequence, uses_budget
-from klppo_train.budgets import KEYS as BUDGET_KEYS
+from klppo_train.budgets import AUTO, longest_sequence
 from klppo_train.config import AppConfig
 from klppo_train.demo.prepare import MODEL_SOURCES
 from klppo_train.demo.tasks import DATA_SOURCES
 from klppo_train.precision import DTYPES
+from klppo_train.roles import ROLES, uses_budget
 from klppo_train.schedule import SCHEDULES
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
 
@@ -39,6 +39,8 @@ CHOICES = {
 
 
 def _get(config: AppConfig, key: str):
+    """A dotted key's value; its own function, not ``roles.config_value``: reads made here
+    are checks, which ``tests/test_field_usage.py`` does not count as the key's use."""
     value = config
     for part in key.split("."):
         value = getattr(value, part)
@@ -127,14 +129,15 @@ def _check_ranges(cfg: AppConfig) -> None:
 def _check_budget_values(cfg: AppConfig) -> None:
     """Each budget is a number of tokens >= 1 or ``auto`` (which needs a pass that is cut
     by tokens: with fixed micro-batch sizes the budget is not read)."""
-    for role, key in BUDGET_KEYS.items():
+    for role in ROLES.values():
+        key = role.budget_key
         value = _get(cfg, key)
         if isinstance(value, str):
             if value != AUTO:
                 raise ValueError(f"{key}={value!r}; valid: a number of tokens >= 1, or auto")
-            if not uses_budget(cfg, role):
+            if not uses_budget(cfg, role.name):
                 raise ValueError(
-                    f"{key}=auto with {DYNAMIC_KEYS[role]}=false: fixed micro-batch sizes do "
+                    f"{key}=auto with {role.dynamic_key}=false: fixed micro-batch sizes do "
                     "not use a token budget"
                 )
         elif value < 1:
@@ -245,9 +248,9 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
     # Passes with fixed micro-batch sizes do not read their budget; auto budgets are chosen
     # later (never below one sequence) and stand in with values that raise no finding.
     static = {
-        key
-        for role, key in BUDGET_KEYS.items()
-        if not uses_budget(cfg, role) or _get(cfg, key) == AUTO
+        role.budget_key
+        for role in ROLES.values()
+        if not uses_budget(cfg, role.name) or _get(cfg, role.budget_key) == AUTO
     }
 
     def number(key: str, stand_in: int) -> int:
@@ -255,9 +258,9 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
 
     def findings(log_prob_key: str) -> list[tuple[str, str]]:
         keys = {
-            "actor": "actor.ppo_max_token_len_per_gpu",
+            "actor": ROLES["actor"].budget_key,
             "log_prob": log_prob_key,
-            "critic": "critic.ppo_max_token_len_per_gpu",
+            "critic": ROLES["critic"].budget_key,
         }
         found = check_token_budgets(
             cfg.data.max_prompt_length,
@@ -272,8 +275,8 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
 
     # The old-log-prob pass runs on the rollout's budget, the reference pass on the ref's:
     # all findings for the first, the log-prob ones for the second.
-    ref_key = "ref.log_prob_max_token_len_per_gpu"
-    messages = findings("rollout.log_prob_max_token_len_per_gpu")
+    ref_key = ROLES["ref"].budget_key
+    messages = findings(ROLES["rollout"].budget_key)
     messages += [m for m in findings(ref_key) if m[1].startswith(ref_key)]
     errors = [text for level, text in messages if level == "error"]
     if errors:

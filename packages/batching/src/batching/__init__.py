@@ -17,6 +17,8 @@
 - :func:`per_response_token`: a model's per-token outputs over a verl prompt + response
   batch, micro-batched and packed, back in input order
 - :func:`check_token_budgets`, :func:`suggest_token_budgets`: budget rules of thumb
+- :func:`search_budget`: choose a budget by measuring your own pass at L, 4L, 16L, ...
+  (memory within an allowance, on CPU up to where tokens/s stops rising) → :class:`ProbePoint`
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -32,6 +34,7 @@ from batching.attention import (
     varlen_causal_attention,
     varlen_layout,
 )
+from batching.budget_search import ProbePoint, search_budget
 from batching.budgets import BudgetFinding, TokenBudgets, check_token_budgets, suggest_token_budgets
 from batching.distributed import sync_num_micro_batches
 from batching.micro_batches import (
@@ -76,6 +79,7 @@ __all__ = [
     "MicroBatchPlan",
     "PackedFn",
     "Packing",
+    "ProbePoint",
     "PromptPrefixes",
     "RankAssignment",
     "TokenBudgets",
@@ -96,6 +100,7 @@ __all__ = [
     "matmul_causal_attention",
     "prompt_prefixes",
     "restore_order",
+    "search_budget",
     "sdpa_causal_attention",
     "sequence_layout",
     "sequence_workloads",

@@ -3,7 +3,7 @@
 - :class:`SamplingConfig`; :class:`RolloutEngine` (Protocol); :class:`RolloutBatch`, :class:`Sample`
 - :class:`HFEngine` (+ :class:`HFEngineConfig`): transformers ``generate``
 - :class:`VLLMEngine` (+ :class:`VLLMConfig`): vLLM, imported only when constructed
-- :class:`WeightSync`, :func:`logprob_mismatch`
+- :class:`WeightSync`, :func:`logprob_mismatch`; :func:`left_pad` (prompts as ``[B, P]`` tensors)
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -12,7 +12,7 @@ from rollout.config import SamplingConfig
 from rollout.hf_engine import HFEngine, HFEngineConfig
 from rollout.protocol import RolloutEngine
 from rollout.sync import WeightSync, logprob_mismatch
-from rollout.types import RolloutBatch, Sample
+from rollout.types import RolloutBatch, Sample, left_pad
 from rollout.vllm_engine import VLLMConfig, VLLMEngine
 
 try:
@@ -30,5 +30,6 @@ __all__ = [
     "VLLMConfig",
     "VLLMEngine",
     "WeightSync",
+    "left_pad",
     "logprob_mismatch",
 ]

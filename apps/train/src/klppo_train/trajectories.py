@@ -1,4 +1,5 @@
-"""From an engine's samples to the trainer's tensors (verl's layout).
+"""The step's one container of samples: the engine's output in verl's layout, and what each
+stage of the step adds to it (log-probs, values, advantages, returns).
 
 Prompts are left-padded to the longest prompt P, responses right-padded to the configured
 ``response_length`` T (a fixed width keeps shapes stable from step to step):
@@ -8,21 +9,26 @@ Prompts are left-padded to the longest prompt P, responses right-padded to the c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
-from rollout import RolloutBatch
+from rollout import RolloutBatch, left_pad
 
 
 @dataclass(frozen=True)
-class RolloutTensors:
-    """Attributes:
+class Trajectories:
+    """Attributes (every tensor on the trainer's device; None where no stage made it yet):
     input_ids, attention_mask: ``[N, P + T]``.
     response_mask: ``[N, T]`` 1 on generated tokens.
     engine_logprobs: ``[N, T]`` the engine's log-probs of the sampled tokens (0 at padding).
     prompt_index: ``[N]`` which prompt each sample answers (the GRPO/RLOO group).
     policy_version: the weights version that generated the samples.
+    old_logprobs, entropy: ``[N, T]`` the policy's before the update (the old-log-prob pass;
+        None on the on-policy shortcut: logπ_old = sg(logπ) in the update).
+    ref_logprobs: ``[N, T]`` the reference's (None without a reference).
+    values: ``[N, T]`` the critic's before its update (None without a critic).
+    advantages, returns: ``[N, T]`` the estimator's.
     """
 
     input_ids: torch.Tensor
@@ -30,33 +36,38 @@ class RolloutTensors:
     response_mask: torch.Tensor
     engine_logprobs: torch.Tensor
     prompt_index: torch.Tensor
-    policy_version: int
+    policy_version: int = 0
+    old_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, -self.response_mask.shape[1] :]
 
+    def rows(self, index: torch.Tensor) -> Trajectories:
+        """The samples ``index`` (a mini- or micro-batch): every tensor indexed alike."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: v[index] for k, v in values.items() if torch.is_tensor(v)})
 
-def rollout_tensors(
+
+def trajectories(
     prompts: Sequence[Sequence[int]],
     batch: RolloutBatch,
     *,
     pad_token_id: int,
     response_length: int,
     device: torch.device | str = "cpu",
-) -> RolloutTensors:
-    """Stack prompts and the engine's responses into :class:`RolloutTensors` on ``device``
+) -> Trajectories:
+    """Stack prompts and the engine's responses into :class:`Trajectories` on ``device``
     (the trainer's: the models' inputs, and every tensor computed from them, live there)."""
     index = [s.prompt_index for s in batch.samples]
-    width = max(len(prompts[i]) for i in index)
-    prompt_ids = torch.full((len(index), width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros(len(index), width, dtype=torch.long)
-    for row, i in enumerate(index):
-        length = len(prompts[i])
-        prompt_ids[row, width - length :] = torch.tensor(list(prompts[i]), dtype=torch.long)
-        prompt_mask[row, width - length :] = 1
+    prompt_ids, prompt_mask = left_pad([prompts[i] for i in index], pad_token_id)
     response_ids, logprobs, response_mask = batch.response_tensors(pad_token_id, response_length)
-    return RolloutTensors(
+    return Trajectories(
         input_ids=torch.cat([prompt_ids, response_ids], dim=1).to(device),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1).to(device),
         response_mask=response_mask.to(device),

@@ -1,0 +1,155 @@
+"""The actor's and the critic's loss on one micro-batch, as objects built once with their
+hyperparameters (as torchtune builds its losses): ``loss(model, micro_batch, counts)`` →
+``(loss, metrics)``.
+
+Each micro-batch's loss is its *share* of the loss over the whole mini-batch on all
+data-parallel ranks (``counts``: :class:`GlobalCounts`), so accumulating micro-batch
+gradients and averaging over ranks gives exactly the gradient of the full mini-batch loss,
+however the micro-batches are cut (:mod:`klppo_train.trainee`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from klppo_train.distributed import sum_over_ranks, world_size
+from klppo_train.forward import response_logprobs, response_values
+from klppo_train.trajectories import Trajectories
+from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss, value_loss
+from rollout import logprob_mismatch
+
+Metrics = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """Valid tokens and sequences of a mini-batch over all ranks (``ppo_core``'s global
+    normalizers: the keyword arguments of its losses)."""
+
+    global_num_tokens: torch.Tensor
+    global_num_seqs: torch.Tensor
+    dp_size: int
+
+    @classmethod
+    def of(cls, response_mask: torch.Tensor) -> GlobalCounts:
+        """The counts of ``response_mask`` ``[B, T]`` (this rank's rows), summed over ranks."""
+        return cls(
+            sum_over_ranks(response_mask.sum()),
+            sum_over_ranks((response_mask.sum(-1) > 0).sum()),
+            world_size(),
+        )
+
+    def kwargs(self) -> dict:
+        """The fields as ``ppo_core`` losses take them (keyword arguments)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class MicroBatchLoss(Protocol):
+    def __call__(
+        self, model: nn.Module, mb: Trajectories, counts: GlobalCounts
+    ) -> tuple[torch.Tensor, Metrics]: ...
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """Clipped policy loss + entropy bonus + KL loss (``actor.*``), on the response tokens'
+    log-probs at the sampling ``temperature``.
+
+    ``mb.old_logprobs=None`` is the on-policy step (one mini-batch, one epoch): the policy
+    has not moved since it generated, so logπ_old = sg(logπ) (ratio 1, verl's shortcut); the
+    train/rollout mismatch and the entropy are then measured in this forward
+    (``mb.engine_logprobs``). ``share_prompts``: a prompt's samples run its tokens once.
+    """
+
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    loss_agg_mode: str
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    temperature: float = 1.0
+    share_prompts: bool = False
+
+    def __call__(
+        self, model: nn.Module, mb: Trajectories, counts: GlobalCounts
+    ) -> tuple[torch.Tensor, Metrics]:
+        on_policy = mb.old_logprobs is None
+        logprobs, entropy = response_logprobs(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.response_mask.shape[1],
+            max_tokens=int(mb.attention_mask.sum(-1).sum()),  # the micro-batch in one row
+            temperature=self.temperature,
+            with_entropy=self.entropy_coeff > 0 or on_policy,
+            num_micro_batches=1,
+            share_prompts=self.share_prompts,
+        )
+        loss, metrics = policy_loss(
+            logprobs,
+            logprobs.detach() if on_policy else mb.old_logprobs,
+            mb.advantages,
+            mb.response_mask,
+            clip_ratio_low=self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio_high,
+            clip_ratio_c=self.clip_ratio_c,
+            agg_mode=self.loss_agg_mode,
+            **counts.kwargs(),
+        )
+        if entropy is not None:
+            loss = self._entropy_bonus(loss, entropy, mb, counts, metrics)
+        if on_policy:
+            metrics.update(
+                logprob_mismatch(mb.engine_logprobs, logprobs.detach(), mb.response_mask)
+            )
+        if self.use_kl_loss and mb.ref_logprobs is not None:
+            kl = kl_penalty(logprobs, mb.ref_logprobs, self.kl_loss_type)
+            kl_loss = aggregate_loss(kl, mb.response_mask, self.loss_agg_mode, **counts.kwargs())
+            loss = loss + self.kl_loss_coef * kl_loss
+            metrics["kl_loss"] = masked_mean(kl.detach(), mb.response_mask)
+        return loss, metrics
+
+    def _entropy_bonus(self, loss, entropy, mb: Trajectories, counts, metrics) -> torch.Tensor:
+        if self.entropy_coeff > 0:
+            bonus = aggregate_loss(entropy, mb.response_mask, self.loss_agg_mode, **counts.kwargs())
+            loss = loss - self.entropy_coeff * bonus
+        metrics["entropy"] = masked_mean(entropy.detach(), mb.response_mask)
+        return loss
+
+
+@dataclass(frozen=True)
+class ValueLoss:
+    """The critic's clipped value loss (``critic.cliprange_value``) against ``mb.returns``,
+    clipped around the values before the update (``mb.values``)."""
+
+    cliprange_value: float
+    loss_agg_mode: str
+    share_prompts: bool = False
+
+    def __call__(
+        self, model: nn.Module, mb: Trajectories, counts: GlobalCounts
+    ) -> tuple[torch.Tensor, Metrics]:
+        values = response_values(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.response_mask.shape[1],
+            max_tokens=int(mb.attention_mask.sum()),  # the micro-batch in one packed row
+            num_micro_batches=1,
+            share_prompts=self.share_prompts,
+        )
+        return value_loss(
+            values,
+            mb.values,
+            mb.returns,
+            mb.response_mask,
+            clip_range=self.cliprange_value,
+            agg_mode=self.loss_agg_mode,
+            **counts.kwargs(),
+        )
