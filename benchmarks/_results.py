@@ -26,7 +26,7 @@ def with_trainer_allocator() -> None:
     keep freed memory), so that what it times in its own process is timed as in a run
     (glibc's default malloc page-faults large tensors in again on every pass: SmolLM2's bf16
     packed forward of 16k tokens, 11.7 s vs 6.5 s)."""
-    from klppo_train.allocator import use_allocator
+    from klppo_train.runtime.allocator import use_allocator
 
     use_allocator("auto")
 
@@ -35,7 +35,7 @@ def child_env(allocator: str | None) -> dict[str, str]:
     """The environment for a child process that starts with ``allocator`` (a
     ``trainer.allocator`` value), whatever this process runs with; ``None``: none chosen here
     (a trainer child then follows its own ``trainer.allocator``)."""
-    from klppo_train.allocator import allocator_env, without_allocator
+    from klppo_train.runtime.allocator import allocator_env, without_allocator
 
     env = without_allocator(dict(os.environ))
     return env if allocator is None else allocator_env(allocator, env)

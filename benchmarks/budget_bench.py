@@ -6,7 +6,7 @@ role beside what ``auto`` chooses.
 The ``smollm2_arith`` recipe's shapes (prompts ≤ 64 tokens + 24 response tokens, 16 prompts ×
 4 samples, one mini-batch) with every budget ``auto``: the models are built as a run builds
 them (FSDP, ``model.dtype`` as the recipe says; the HF engine instead of vLLM, which the
-budgets do not touch), then ``klppo_train.probe.choose_budgets`` chooses as at a run's start
+budgets do not touch), then ``klppo_train.budgets.probe.choose_budgets`` chooses as at a run's start
 (its seconds are the probe's cost). The sweep then measures each role's real pass --
 actor/critic forward + backward, old/ref log-prob forwards -- at every budget of the series
 (L, 2L, 4L, ... up to the role's cap, and auto's choice) ``--repeats`` times, in rounds over
@@ -32,13 +32,13 @@ from _results import RESULTS_DIR, with_trainer_allocator, write_results
 from ppo_step_bench import RECIPE, prepare
 
 from batching.budget_search import series
-from klppo_train.build import build_components, probe_shape
-from klppo_train.config import load_config
-from klppo_train.distributed import init_distributed
-from klppo_train.measure import memory_allowance
-from klppo_train.preflight import preflight
-from klppo_train.probe import choose_budgets, role_measure
-from klppo_train.roles import ROLES
+from klppo_train.budgets.measure import memory_allowance
+from klppo_train.budgets.probe import choose_budgets, role_measure
+from klppo_train.budgets.roles import ROLES
+from klppo_train.config.preflight import preflight
+from klppo_train.config.schema import load_config
+from klppo_train.runtime.process_group import init_distributed
+from klppo_train.trainer.build import build_components, probe_shape
 
 RESULTS = RESULTS_DIR / "budget_bench.json"
 WITHIN = 0.8  # auto's tokens/s ≥ 80 % of the sweep's best

@@ -114,7 +114,7 @@ def setting_overrides(setting: str) -> list[str]:
 
 def prepare() -> tuple[Path, Path]:
     """The cached model directory and the prompt parquet files."""
-    from klppo_train.data import write_parquet
+    from klppo_train.data.datasets import write_parquet
     from klppo_train.demo.smollm2 import convert_smollm2
     from klppo_train.demo.tasks import make_arithmetic_rows
 
@@ -129,7 +129,7 @@ def prepare() -> tuple[Path, Path]:
 
 
 def matmul_peaks() -> dict[str, float]:
-    from klppo_train.precision import matmul_gflops
+    from klppo_train.runtime.precision import matmul_gflops
 
     return {
         name: max(matmul_gflops(dtype, size=2048, seconds=1.0) for _ in range(3))
@@ -279,7 +279,7 @@ def forward_table(model_dir: Path) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from batching import pack
-    from klppo_train.attention import VARLEN
+    from klppo_train.runtime.packed_attention import VARLEN
 
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -317,7 +317,7 @@ def packed_logprob_diff(model_dir: Path) -> float:
     from transformers import AutoModelForCausalLM
 
     from batching import next_token_labels, pack, unpack
-    from klppo_train.attention import VARLEN
+    from klppo_train.runtime.packed_attention import VARLEN
     from ppo_core import logprobs_from_logits
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=VARLEN).eval()

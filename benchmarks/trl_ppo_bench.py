@@ -242,7 +242,7 @@ def recipe_numbers() -> dict[str, float]:
     """The recipe's numbers that TRL's PPOConfig/optimizer take (read in the workspace env)."""
     from ppo_step_bench import RECIPE
 
-    from klppo_train.config import load_config
+    from klppo_train.config.schema import load_config
 
     c = load_config(RECIPE, [])
     if c.actor.weight_decay != c.critic.weight_decay:

@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 from klppo_train.__main__ import main as train
-from klppo_train.budgets import KEYS
-from klppo_train.faults import ENV, PASSES
+from klppo_train.budgets.faults import ENV, PASSES
+from klppo_train.budgets.run_budgets import KEYS
 
 RECIPE = Path(__file__).resolve().parents[1] / "apps" / "train" / "recipes" / "default.yaml"
 STEPS = 6

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from klppo_train.config import load_config
+from klppo_train.config.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

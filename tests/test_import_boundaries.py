@@ -107,7 +107,7 @@ def test_package_respects_its_layer(module: str) -> None:
     [
         ("ppo_core", "import numpy as np\n", "may not import 'numpy'"),
         ("ppo_core", "def f():\n    import transformers\n", "may not import 'transformers'"),
-        ("batching", "from klppo_train.config import X\n", "imports klppo_train"),
+        ("batching", "from klppo_train.config.schema import X\n", "imports klppo_train"),
         ("rollout", "import vllm\n", "at module top level"),
         (
             "rollout",

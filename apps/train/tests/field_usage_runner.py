@@ -17,10 +17,10 @@ from pathlib import Path
 
 import klppo_train
 from klppo_train.__main__ import main
-from klppo_train.config import AppConfig, section_type
+from klppo_train.config.schema import AppConfig, section_type
 
 APP = Path(klppo_train.__file__).resolve().parent
-APP_CONFIG = APP / "config.py"
+APP_CONFIG = APP / "config" / "schema.py"
 CHECKS = {"validate_config", "_positive_counts", "_get", "__post_init__"}
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from klppo_train.algorithm import KLInReward, make_advantage_fn, make_kl_controller
-from klppo_train.config import AlgorithmConfig, KLControlConfig
+from klppo_train.config.schema import AlgorithmConfig, KLControlConfig
+from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
 from ppo_core import AdaptiveKLController, compute_gae, compute_grpo_advantages
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from klppo_train.allocator import allocator_env, find_tcmalloc, on_glibc, without_allocator
+from klppo_train.runtime.allocator import allocator_env, find_tcmalloc, on_glibc, without_allocator
 
 HAVE_TCMALLOC = find_tcmalloc() is not None
 RETAINING = "allocator: glibc malloc retaining freed memory"
@@ -56,7 +56,7 @@ def test_allocator_setting_decides_what_the_process_runs_with(tmp_path, setting)
 # minor page faults of the last round. The allocator is set as the trainer sets it.
 _FAULTS = """
 import json, resource, sys, threading, torch
-from klppo_train.allocator import use_allocator
+from klppo_train.runtime.allocator import use_allocator
 use_allocator(sys.argv[1])
 def rounds(out):
     for _ in range(5):

@@ -4,7 +4,11 @@ that its numbers are the attention's."""
 import torch
 
 from batching import matmul_causal_attention, sdpa_causal_attention, varlen_layout
-from klppo_train.attention import GROUP_ATTENTION, MATMUL_MAX_LEN, compiled_group_attention
+from klppo_train.runtime.packed_attention import (
+    GROUP_ATTENTION,
+    MATMUL_MAX_LEN,
+    compiled_group_attention,
+)
 
 
 def qkv(groups: int, length: int, dtype: torch.dtype, seed: int = 0):

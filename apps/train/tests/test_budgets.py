@@ -8,20 +8,20 @@ import torch
 from test_step import OVERRIDES, components
 from train_testing import prompt_response_batch
 
-from klppo_train.budgets import RunBudgets, budgets_from_config, run_with_backoff
-from klppo_train.build import probe_shape
-from klppo_train.config import load_config
+from klppo_train.budgets.faults import FAULTS, parse_faults
+from klppo_train.budgets.probe import choose_budgets
+from klppo_train.budgets.roles import ROLES
+from klppo_train.budgets.run_budgets import RunBudgets, budgets_from_config, run_with_backoff
+from klppo_train.config.errors import UserError
+from klppo_train.config.schema import load_config
+from klppo_train.config.validate import validate_config
 from klppo_train.demo.embedded import build_model, build_tokenizer
-from klppo_train.errors import UserError
-from klppo_train.faults import FAULTS, parse_faults
-from klppo_train.forward import response_logprobs
-from klppo_train.losses import PolicyLoss
-from klppo_train.passes import Pass
-from klppo_train.probe import choose_budgets
-from klppo_train.roles import ROLES
-from klppo_train.trainee import Trainee
-from klppo_train.trajectories import Trajectories
-from klppo_train.validate import validate_config
+from klppo_train.ppo.forward import response_logprobs
+from klppo_train.ppo.losses import PolicyLoss
+from klppo_train.ppo.passes import Pass
+from klppo_train.ppo.trainee import Trainee
+from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.trainer.build import probe_shape
 
 P, T, VOCAB = 6, 4, 64
 ROWS = 8  # sequences of P + T = 10 tokens at most

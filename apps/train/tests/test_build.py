@@ -10,17 +10,17 @@ import torch
 import torch.distributed as dist
 from train_testing import prompt_response_batch
 
-from klppo_train.attention import GROUP_ATTENTION
-from klppo_train.build import build_components
-from klppo_train.config import load_config
-from klppo_train.data import write_parquet
+from klppo_train.config.schema import load_config
+from klppo_train.data.datasets import write_parquet
+from klppo_train.data.rewards import RewardManager
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.distributed import init_distributed
-from klppo_train.forward import response_logprobs, response_values
-from klppo_train.hf_dirs import save_atomically
-from klppo_train.precision import choose_cpu_dtype, resolve_precision
-from klppo_train.rewards import RewardManager
+from klppo_train.ppo.forward import response_logprobs, response_values
+from klppo_train.runtime.hf_dirs import save_atomically
+from klppo_train.runtime.packed_attention import GROUP_ATTENTION
+from klppo_train.runtime.precision import choose_cpu_dtype, resolve_precision
+from klppo_train.runtime.process_group import init_distributed
+from klppo_train.trainer.build import build_components
 
 P, T = 24, 4
 
@@ -133,7 +133,7 @@ def test_auto_attention_on_a_flash_attn_gpu_follows_share_prompts(monkeypatch) -
     # model.share_prompts, auto takes klppo_varlen (sdpa per length group) on a GPU too.
     import importlib.util
 
-    from klppo_train.attention import packed_attention_implementation
+    from klppo_train.runtime.packed_attention import packed_attention_implementation
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     cuda = torch.device("cuda")

@@ -8,9 +8,9 @@ import torch
 
 from fsdp_sharding import MixedPrecision, ShardingConfig
 from klppo_train.__main__ import main
-from klppo_train.config import AppConfig, load_config, to_yaml
-from klppo_train.precision import role_sharding
-from klppo_train.validate import validate_config
+from klppo_train.config.schema import AppConfig, load_config, to_yaml
+from klppo_train.config.validate import validate_config
+from klppo_train.runtime.precision import role_sharding
 from rollout import SamplingConfig, VLLMConfig
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -308,7 +308,7 @@ def test_every_bad_key_of_a_command_is_reported_at_once() -> None:
 
 
 def test_docs_table_of_verl_names_is_current() -> None:
-    from klppo_train.verl_names import DOC_HEADER, markdown_table
+    from klppo_train.config.verl_names import DOC_HEADER, markdown_table
 
     doc = Path(__file__).resolve().parents[3] / "docs" / "verl-names.md"
     assert doc.read_text() == DOC_HEADER + markdown_table()

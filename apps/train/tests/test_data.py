@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from klppo_train.data import (
+from klppo_train.data.datasets import (
     DataConfig,
     PromptDataset,
     PromptLoader,
@@ -275,7 +275,7 @@ def test_smollm2_task_asks_plainly_and_holds_out_its_validation() -> None:
 
 
 def test_data_source_writes_only_the_recipes_own_missing_files(tmp_path) -> None:
-    from klppo_train.config import load_config
+    from klppo_train.config.schema import load_config
     from klppo_train.demo.prepare import prepare_data
 
     run = tmp_path / "run"

@@ -14,7 +14,7 @@ from klppo_train.demo.embedded import (
     warm_up,
 )
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.hf_dirs import load_tokenizer, save_atomically
+from klppo_train.runtime.hf_dirs import load_tokenizer, save_atomically
 
 ROW = make_arithmetic_rows(1, seed=0)[0]
 

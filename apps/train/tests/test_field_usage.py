@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from field_usage_runner import config_classes
 
-from klppo_train.data import write_parquet
+from klppo_train.data.datasets import write_parquet
 from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
 
 RUNNER = Path(__file__).with_name("field_usage_runner.py")

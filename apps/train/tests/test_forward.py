@@ -5,9 +5,9 @@ import pytest
 import torch
 from train_testing import prompt_response_batch
 
-from klppo_train.attention import VARLEN
 from klppo_train.demo.embedded import build_model
-from klppo_train.forward import response_logprobs, response_values
+from klppo_train.ppo.forward import response_logprobs, response_values
+from klppo_train.runtime.packed_attention import VARLEN
 
 P, T, VOCAB = 6, 5, 64
 ATTENTION = pytest.mark.parametrize("attention", ["sdpa", VARLEN])
@@ -99,7 +99,7 @@ def test_varlen_attention_never_builds_a_token_by_token_mask(monkeypatch) -> Non
         sizes.append(None if mask is None else tuple(mask.shape))
         return mask
 
-    monkeypatch.setattr("klppo_train.attention.sdpa_mask", recording)
+    monkeypatch.setattr("klppo_train.runtime.packed_attention.sdpa_mask", recording)
     model = tiny_model(VARLEN).eval()
     ids, mask, _ = batch()
     with torch.no_grad():

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import klppo_train.__main__ as entry
-from klppo_train.config import load_config
-from klppo_train.data import write_parquet
+from klppo_train.config.preflight import preflight
+from klppo_train.config.schema import load_config
+from klppo_train.data.datasets import write_parquet
 from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
-from klppo_train.preflight import preflight
 
 GOOD = make_arithmetic_rows(64, seed=0, template=COMPACT)
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from klppo_train.rewards import (
+from klppo_train.data.rewards import (
     RewardManager,
     arithmetic_final_number_score,
     arithmetic_score,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klppo_train.data import read_rows
+from klppo_train.data.datasets import read_rows
 from klppo_train.demo.tasks import main as klppo_data
 
 pytestmark = pytest.mark.slow  # each converts the model (~1 min, 517 MB); the recipe test ~2 min

@@ -6,18 +6,18 @@ import math
 import torch
 from transformers import Qwen2ForTokenClassification
 
-from klppo_train.attention import VARLEN
-from klppo_train.budgets import AUTO, budgets_from_config, configured
-from klppo_train.build import assemble
-from klppo_train.config import load_config
-from klppo_train.data import DataConfig, PromptDataset
+from klppo_train.budgets.roles import ROLES
+from klppo_train.budgets.run_budgets import AUTO, budgets_from_config, configured
+from klppo_train.config.schema import load_config
+from klppo_train.config.validate import validate_config
+from klppo_train.data.datasets import DataConfig, PromptDataset
+from klppo_train.data.rewards import RewardManager
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.rewards import RewardManager
-from klppo_train.roles import ROLES
-from klppo_train.step import ppo_step
-from klppo_train.trainee import mini_batches
-from klppo_train.validate import validate_config
+from klppo_train.ppo.step import ppo_step
+from klppo_train.ppo.trainee import mini_batches
+from klppo_train.runtime.packed_attention import VARLEN
+from klppo_train.trainer.build import assemble
 from rollout import HFEngine, HFEngineConfig, WeightSync
 
 OVERRIDES = [
@@ -42,7 +42,7 @@ OVERRIDES = [
 
 def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
     """``(cfg, Components)`` around plain (unsharded) tiny models, built by the trainer's
-    own :func:`klppo_train.build.assemble` from the config with ``extra`` overrides."""
+    own :func:`klppo_train.trainer.build.assemble` from the config with ``extra`` overrides."""
     actor = build_model(len(tokenizer), seed=0, hidden=64)
     config = copy.deepcopy(actor.config)
     config.num_labels, config.classifier_dropout = 1, 0.0
@@ -218,7 +218,7 @@ def test_static_micro_batches_follow_the_per_gpu_sizes() -> None:
 
 
 def test_val_batch_size_sets_the_validation_batches() -> None:
-    from klppo_train.run import validation_accuracy
+    from klppo_train.trainer.run import validation_accuracy
 
     tokenizer = build_tokenizer()
     _, c = components(tokenizer)

@@ -10,15 +10,15 @@ import sys
 # imports below do; ``--verbose`` cannot bring these back, ``TORCH_CPP_LOG_LEVEL=INFO`` can.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from klppo_train.allocator import log_allocator, use_allocator
 from klppo_train.cli import default_recipe, parse_args, versions
-from klppo_train.config import load_config, to_yaml
+from klppo_train.config.errors import UserError, user_errors
+from klppo_train.config.preflight import preflight
+from klppo_train.config.schema import load_config, to_yaml
+from klppo_train.config.validate import validate_config
 from klppo_train.console import configure_output
-from klppo_train.distributed import launch_world_size
-from klppo_train.errors import UserError, user_errors
-from klppo_train.preflight import preflight
-from klppo_train.run import train
-from klppo_train.validate import validate_config
+from klppo_train.runtime.allocator import log_allocator, use_allocator
+from klppo_train.runtime.process_group import launch_world_size
+from klppo_train.trainer.run import train
 
 log = logging.getLogger("klppo_train")
 

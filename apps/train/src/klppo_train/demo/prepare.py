@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from klppo_train.config import AppConfig
-from klppo_train.data import write_parquet
+from klppo_train.config.schema import AppConfig
+from klppo_train.data.datasets import write_parquet
 from klppo_train.demo.tasks import COMPACT, DATA_SOURCES, make_arithmetic_rows
 
 log = logging.getLogger("klppo_train")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klppo_train.hf_dirs import save_atomically
+from klppo_train.runtime.hf_dirs import save_atomically
 
 log = logging.getLogger("klppo_train")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

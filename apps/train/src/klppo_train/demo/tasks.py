@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from klppo_train.data import is_str, write_parquet
+from klppo_train.data.datasets import is_str, write_parquet
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 _GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
@@ -98,7 +98,7 @@ def arithmetic_split(
 # (under ``trainer.run_dir/data``) when they are missing.
 DATA_SOURCES = {
     # SmolLM2's task: sums, differences and products of 0..12, asked plainly, scored on
-    # the response's last number (klppo_train.rewards.arithmetic_final_number_score).
+    # the response's last number (klppo_train.data.rewards.arithmetic_final_number_score).
     "arithmetic_chat": lambda: arithmetic_split(
         2000,
         120,
@@ -168,7 +168,7 @@ def _gsm8k_row(record: Any, where: str, split: str, index: int) -> dict[str, Any
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m klppo_train.data", description=__doc__.split("\n")[0]
+        prog="python -m klppo_train.data.datasets", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     arith = sub.add_parser("arithmetic", help="write DIR/train.parquet and DIR/val.parquet")

@@ -4,7 +4,7 @@ CUDA: ``max_memory_allocated`` after a reset, over what was allocated before. CP
 process's peak RSS (``VmHWM`` after writing 5 to ``/proc/self/clear_refs``) over its RSS
 when the series began, with the allocator's free memory handed back to the OS then
 (tcmalloc when preloaded, else glibc's ``malloc_trim``), so that what earlier roles left
-cached does not hide a pass's need. Used by :mod:`klppo_train.probe` and
+cached does not hide a pass's need. Used by :mod:`klppo_train.budgets.probe` and
 ``benchmarks/budget_bench.py``.
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from fsdp_sharding import default_device
-from klppo_train.budgets import release_memory as release_cached
-from klppo_train.components import Components
-from klppo_train.distributed import world_size
+from klppo_train.budgets.run_budgets import release_memory as release_cached
+from klppo_train.ppo.components import Components
+from klppo_train.runtime.process_group import world_size
 
 GIB = 2**30
 

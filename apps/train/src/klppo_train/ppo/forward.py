@@ -3,7 +3,7 @@
 Micro-batching, packing and order restore are :func:`batching.per_response_token`'s (verl's
 layout: left-padded prompts then right-padded responses, ``[B, P + T]``); here is what runs
 on each packed row: the model, whose attention stays inside each sequence
-(:mod:`klppo_train.attention`: ``klppo_varlen``, linear in Σ Lᵢ²), then log-probs and
+(:mod:`klppo_train.runtime.packed_attention`: ``klppo_varlen``, linear in Σ Lᵢ²), then log-probs and
 entropy in fp32 chunks (:func:`ppo_core.logprobs_and_entropy`) or the value head. Only the
 positions that predict a response token get logits (``logits_to_keep``: the prompt's ~half
 of the ``[tokens, vocab]`` head is never computed).
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from batching import PackedFn, Packing, next_token_labels, per_response_token
-from klppo_train.attention import VARLEN
-from klppo_train.faults import FAULTS
+from klppo_train.budgets.faults import FAULTS
+from klppo_train.runtime.packed_attention import VARLEN
 from ppo_core import logprobs_and_entropy
 
 
@@ -31,7 +31,7 @@ def _checked_sharing(model: nn.Module, share_prompts: bool) -> bool:
 
 def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
     def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        FAULTS.micro_batch()  # the OOM test hook (klppo_train.faults): nothing when unset
+        FAULTS.micro_batch()  # the OOM test hook (klppo_train.budgets.faults): nothing when unset
         # squeeze, not [0]: select's backward zero-fills a [1, K, V] gradient and copies
         # into it (SmolLM2, 2800 kept tokens: 276 MB, ~0.5 s per actor update on CPU).
         logits = model(**packing.model_kwargs(), logits_to_keep=keep).logits.squeeze(0)

@@ -1,11 +1,11 @@
-"""The step's passes, built once from the config (:mod:`klppo_train.build`).
+"""The step's passes, built once from the config (:mod:`klppo_train.trainer.build`).
 
-A :class:`Pass` is a name of :data:`klppo_train.roles.PASS_ROLES` and how its micro-batches
+A :class:`Pass` is a name of :data:`klppo_train.budgets.roles.PASS_ROLES` and how its micro-batches
 are cut: within its role's token budget (the number in force, :class:`RunBudgets`, which the
 OOM back-off may halve) or, in verl's static mode, ``micro_batch_size`` sequences at a time.
 A :class:`ForwardPass` adds the model and what it computes on the step's samples: response
 log-probs (old-log-prob and reference passes) or values (the critic's). The updates are
-:class:`klppo_train.trainee.Trainee` objects, each with its update :class:`Pass`.
+:class:`klppo_train.ppo.trainee.Trainee` objects, each with its update :class:`Pass`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from klppo_train.budgets import RunBudgets, run_with_backoff
-from klppo_train.forward import response_logprobs, response_values
-from klppo_train.roles import PASS_ROLES
-from klppo_train.trajectories import Trajectories
+from klppo_train.budgets.roles import PASS_ROLES
+from klppo_train.budgets.run_budgets import RunBudgets, run_with_backoff
+from klppo_train.ppo.forward import response_logprobs, response_values
+from klppo_train.ppo.trajectories import Trajectories
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ class Pass:
         reset: Callable[[], None] | None = None,
     ) -> T:
         """``run(budget)`` with the role's budget in force, halving it and running again on
-        out-of-memory (:func:`klppo_train.budgets.run_with_backoff`)."""
+        out-of-memory (:func:`klppo_train.budgets.run_budgets.run_with_backoff`)."""
         dynamic = self.micro_batch_size is None
         return run_with_backoff(budgets, self.name, step, run, dynamic=dynamic, reset=reset)
 

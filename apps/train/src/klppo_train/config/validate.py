@@ -10,16 +10,16 @@ from pathlib import Path
 
 from batching import check_token_budgets
 from fsdp_sharding import default_device
-from klppo_train.algorithm import ADV_ESTIMATORS
-from klppo_train.allocator import check_allocator
-from klppo_train.attention import IMPLEMENTATIONS, VARLEN
-from klppo_train.budgets import AUTO, longest_sequence
-from klppo_train.config import AppConfig
+from klppo_train.budgets.roles import ROLES, uses_budget
+from klppo_train.budgets.run_budgets import AUTO, longest_sequence
+from klppo_train.config.schema import AppConfig
 from klppo_train.demo.prepare import MODEL_SOURCES
 from klppo_train.demo.tasks import DATA_SOURCES
-from klppo_train.precision import DTYPES
-from klppo_train.roles import ROLES, uses_budget
-from klppo_train.schedule import SCHEDULES
+from klppo_train.ppo.algorithm import ADV_ESTIMATORS
+from klppo_train.runtime.allocator import check_allocator
+from klppo_train.runtime.packed_attention import IMPLEMENTATIONS, VARLEN
+from klppo_train.runtime.precision import DTYPES
+from klppo_train.trainer.schedule import SCHEDULES
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
 
 CHOICES = {

@@ -4,7 +4,7 @@ Numbered, as every rank runs it (``torchrun`` or one process):
   1. process group; rank 0 prepares the run directory (config copy, embedded data/model);
   2. build the components (sharded models, optimizers, engine, weight sync);
   3. resume from a checkpoint (``trainer.resume_mode``; its token budgets too) or choose the
-     token budgets (``auto`` ones probed, :mod:`klppo_train.probe`) and validate the
+     token budgets (``auto`` ones probed, :mod:`klppo_train.budgets.probe`) and validate the
      starting policy;
   4. per step: ``ppo_step`` → LR schedulers → validation every ``test_freq`` → metrics →
      checkpoint every ``save_freq``;
@@ -22,17 +22,14 @@ import torch
 import torch.distributed as dist
 
 from fsdp_sharding import export_hf
-from klppo_train.budgets import BUDGETS_FILE
-from klppo_train.build import build_components, ensure_model_dir, make_schedulers, probe_shape
-from klppo_train.checkpoint import (
-    load_trainer_checkpoint,
-    resolve_resume,
-    save_trainer_checkpoint,
-)
-from klppo_train.components import Components
-from klppo_train.config import AppConfig, to_yaml
-from klppo_train.data import PromptLoader
-from klppo_train.distributed import (
+from klppo_train.budgets.probe import choose_budgets
+from klppo_train.budgets.run_budgets import BUDGETS_FILE
+from klppo_train.config.preflight import Checked, preflight
+from klppo_train.config.schema import AppConfig, to_yaml
+from klppo_train.data.datasets import PromptLoader
+from klppo_train.ppo.components import Components
+from klppo_train.ppo.step import ppo_step
+from klppo_train.runtime.process_group import (
     concat_over_ranks,
     global_metrics,
     init_distributed,
@@ -40,10 +37,18 @@ from klppo_train.distributed import (
     launch_world_size,
     rank_slice,
 )
-from klppo_train.preflight import Checked, preflight
-from klppo_train.probe import choose_budgets
-from klppo_train.report import MetricsLog, plot_metrics, summarize, summary_text
-from klppo_train.step import ppo_step
+from klppo_train.trainer.build import (
+    build_components,
+    ensure_model_dir,
+    make_schedulers,
+    probe_shape,
+)
+from klppo_train.trainer.checkpoints import (
+    load_trainer_checkpoint,
+    resolve_resume,
+    save_trainer_checkpoint,
+)
+from klppo_train.trainer.report import MetricsLog, plot_metrics, summarize, summary_text
 
 log = logging.getLogger("klppo_train")
 
@@ -94,7 +99,7 @@ def _due(step: int, every: int, last: int) -> bool:
 
 def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
     """Run the configured PPO steps (resuming if asked); return the summary. ``checked``:
-    what :func:`klppo_train.preflight.preflight` returned (run here when not given).
+    what :func:`klppo_train.config.preflight.preflight` returned (run here when not given).
     Engine and process group are closed however the run ends."""
     checked = checked or preflight(cfg, launch_world_size())
     init_distributed()

@@ -63,7 +63,7 @@ def gsm8k_score(
     """verl's GSM8K reward: ``score`` if right, ``format_score`` if answered but wrong, else 0.
 
     The answer is compared as a string with ``ground_truth`` (a plain number such as
-    ``"1234"`` or ``"-3"``, as written by ``klppo_train.data``); see
+    ``"1234"`` or ``"-3"``, as written by ``klppo_train.data.datasets``); see
     :func:`extract_gsm8k_answer` for what counts as an answer.
     """
     answer = extract_gsm8k_answer(solution_str, method)

@@ -6,9 +6,9 @@
 
 Every stage is timed (``timing_s/<stage>``). Each forward pass and update runs within its
 role's token budget (``c.budgets``) and, on out-of-memory, halves it and redoes the pass
-(:mod:`klppo_train.budgets`). Under torchrun every rank runs every stage on its own share of
-the prompts (with all ``n`` samples of a prompt on one rank, so GRPO/RLOO groups stay
-whole); agreed micro-batch counts, the losses' global token counts, whitening over all
+(:mod:`klppo_train.budgets.run_budgets`). Under torchrun every rank runs every stage on its
+own share of the prompts (with all ``n`` samples of a prompt on one rank, so GRPO/RLOO
+groups stay whole); agreed micro-batch counts, the losses' global token counts, whitening over all
 ranks, FSDP's gradient reduction and the KL controller's all-reduce make the step equal to
 one process on the whole batch. The returned metrics are this rank's; the run logs them
 combined (``distributed.global_metrics``). Nothing here reads the config: the passes,
@@ -26,13 +26,13 @@ from dataclasses import replace
 import torch
 
 from fsdp_sharding import default_device
-from klppo_train.algorithm import advantage_metrics, explained_variance
-from klppo_train.balance import balance_rollouts
-from klppo_train.components import Components
-from klppo_train.data import PromptItem
-from klppo_train.distributed import rank_span
-from klppo_train.rewards import RewardManager
-from klppo_train.trajectories import Trajectories, trajectories
+from klppo_train.data.datasets import PromptItem
+from klppo_train.data.rewards import RewardManager
+from klppo_train.ppo.algorithm import advantage_metrics, explained_variance
+from klppo_train.ppo.components import Components
+from klppo_train.ppo.trajectories import Trajectories, trajectories
+from klppo_train.runtime.balance import balance_rollouts
+from klppo_train.runtime.process_group import rank_span
 from ppo_core import masked_mean
 from rollout import logprob_mismatch
 

@@ -1,4 +1,4 @@
-"""Everything a PPO step touches, built once by :mod:`klppo_train.build` and passed in.
+"""Everything a PPO step touches, built once by :mod:`klppo_train.trainer.build` and passed in.
 
 Choices (advantage estimator, KL controller, engine, reward manager, which passes run) are
 resolved once, at build time, into the objects held here; the step never looks a name or
@@ -12,12 +12,12 @@ from typing import Any
 
 from torch import nn
 
-from klppo_train.algorithm import AdvantageFn, KLInReward
-from klppo_train.budgets import RunBudgets
-from klppo_train.engine import Sampling
-from klppo_train.passes import ForwardPass
-from klppo_train.rewards import RewardManager
-from klppo_train.trainee import Trainee
+from klppo_train.budgets.run_budgets import RunBudgets
+from klppo_train.data.rewards import RewardManager
+from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
+from klppo_train.ppo.passes import ForwardPass
+from klppo_train.ppo.trainee import Trainee
+from klppo_train.runtime.engine import Sampling
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightSync
 

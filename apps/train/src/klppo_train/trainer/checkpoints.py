@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from fsdp_sharding import load_checkpoint, save_checkpoint
-from klppo_train.budgets import RunBudgets
-from klppo_train.components import Components
-from klppo_train.data import PromptLoader
-from klppo_train.distributed import barrier, is_main
+from klppo_train.budgets.run_budgets import RunBudgets
+from klppo_train.data.datasets import PromptLoader
+from klppo_train.ppo.components import Components
+from klppo_train.runtime.process_group import barrier, is_main
 
 log = logging.getLogger("klppo_train")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-from klppo_train.roles import PASS_ROLES
+from klppo_train.budgets.roles import PASS_ROLES
 
 ENV = "KLPPO_FAULT_OOM"
 PASSES = tuple(PASS_ROLES)
@@ -74,5 +74,5 @@ class OOMFaults:
             raise torch.OutOfMemoryError(f"injected by {ENV} at {fault[0]}:{fault[1]}:{index}")
 
 
-# Loaded from the environment by the run's checks (klppo_train.preflight), once per run.
+# Loaded from the environment by the run's checks (klppo_train.config.preflight), once per run.
 FAULTS = OOMFaults()

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from klppo_train.config import AlgorithmConfig
-from klppo_train.distributed import sum_over_ranks
+from klppo_train.config.schema import AlgorithmConfig
+from klppo_train.runtime.process_group import sum_over_ranks
 from ppo_core import (
     AdaptiveKLController,
     FixedKLController,

@@ -1,8 +1,8 @@
 """The run's per-device token budgets: resolved once, halved on out-of-memory, checkpointed.
 
-One budget per role of :data:`klppo_train.roles.ROLES` (its key takes a number or
-``auto``, measured before step 0 by :mod:`klppo_train.probe`); each pass runs within its
-role's budget (:data:`klppo_train.roles.PASS_ROLES`).
+One budget per role of :data:`klppo_train.budgets.roles.ROLES` (its key takes a number or
+``auto``, measured before step 0 by :mod:`klppo_train.budgets.probe`); each pass runs within its
+role's budget (:data:`klppo_train.budgets.roles.PASS_ROLES`).
 
 OOM back-off (:func:`run_with_backoff`): a ``torch.OutOfMemoryError`` inside a pass frees
 what it can, halves that role's budget (never below one longest sequence, the rule's
@@ -12,7 +12,7 @@ start, up to float summation order. The new budget stays for the rest of the run
 into ``run_dir/budgets.json`` and the checkpoints.
 
 Under torchrun the back-off is exact when every rank raises at the same point (the fault
-hook, :mod:`klppo_train.faults`, does); a real OOM on one rank alone leaves the others
+hook, :mod:`klppo_train.budgets.faults`, does); a real OOM on one rank alone leaves the others
 waiting in a collective, which this cannot mend.
 """
 
@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from klppo_train.faults import FAULTS
-from klppo_train.roles import PASS_ROLES, ROLES, config_value
+from klppo_train.budgets.faults import FAULTS
+from klppo_train.budgets.roles import PASS_ROLES, ROLES, config_value
 
 log = logging.getLogger("klppo_train")
 T = TypeVar("T")
@@ -141,14 +141,16 @@ def budgets_from_config(
     cfg: Any, path: Path | None = None, probed: dict[str, tuple[int, str]] | None = None
 ) -> RunBudgets:
     """The config's budgets as numbers; ``auto`` ones from ``probed`` (``{role: (tokens,
-    source)}``, :func:`klppo_train.probe.choose_budgets`), which each must have."""
+    source)}``, :func:`klppo_train.budgets.probe.choose_budgets`), which each must have."""
     tokens = {role: configured(cfg, role) for role in ROLES}
     source = {role: "config" for role in ROLES}
     for role, (chosen, how) in (probed or {}).items():
         tokens[role], source[role] = chosen, how
     auto = [ROLES[role].budget_key for role, value in tokens.items() if value == AUTO]
     if auto:
-        raise ValueError(f"{', '.join(auto)}=auto: chosen by klppo_train.probe.choose_budgets")
+        raise ValueError(
+            f"{', '.join(auto)}=auto: chosen by klppo_train.budgets.probe.choose_budgets"
+        )
     return RunBudgets(tokens, longest_sequence(cfg), source, path=path)
 
 

@@ -78,7 +78,7 @@ SHORT_NAMES: dict[str, tuple[str, ...]] = {
 
 # Fields of the packages' configs that the app sets itself: a value from the user other than
 # the schema's default (a printed config loads again) would be overwritten, so it is refused
-# with where it comes from (klppo_train.config).
+# with where it comes from (klppo_train.config.schema).
 DERIVED: dict[str, str] = {
     "rollout.sampling.seed": "per-request seeds come from trainer.seed and the step",
     "rollout.vllm.seed": "from trainer.seed",
@@ -215,11 +215,11 @@ The app's sections hold the packages' own configs (`actor.fsdp` is `fsdp_shardin
 verl's flat names for the most used ones (`rollout.n`, `rollout.gpu_memory_utilization`,
 `actor.fsdp.param_dtype`, ...) are short names for them.
 
-This file is generated from `klppo_train/verl_names.py` (`ALIASES`, `SHORT_NAMES`,
+This file is generated from `klppo_train/config/verl_names.py` (`ALIASES`, `SHORT_NAMES`,
 `DERIVED`, `REFUSED`); a test
 checks that it is current:
 
-    ./uvw run python -m klppo_train.verl_names > docs/verl-names.md
+    ./uvw run python -m klppo_train.config.verl_names > docs/verl-names.md
 
 <!-- generated table -->
 """

@@ -21,28 +21,28 @@ from transformers import (
 )
 
 from fsdp_sharding import ShardingConfig, default_device, iter_full_state_dict, shard_model
-from klppo_train.algorithm import KLInReward, make_advantage_fn, make_kl_controller
-from klppo_train.attention import (
+from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape
+from klppo_train.budgets.roles import PASS_ROLES, static_micro_batch_size
+from klppo_train.budgets.run_budgets import longest_sequence
+from klppo_train.config.schema import AppConfig
+from klppo_train.data.datasets import read_rows
+from klppo_train.data.rewards import RewardManager
+from klppo_train.demo.embedded import build_model, build_tokenizer, warm_up
+from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
+from klppo_train.ppo.components import Components, StepPlan
+from klppo_train.ppo.losses import PolicyLoss, ValueLoss
+from klppo_train.ppo.passes import ForwardPass, Pass
+from klppo_train.ppo.trainee import Trainee
+from klppo_train.runtime.engine import Sampling, build_engine
+from klppo_train.runtime.hf_dirs import save_atomically
+from klppo_train.runtime.packed_attention import (
     GROUP_ATTENTION,
     compiled_group_attention,
     packed_attention_implementation,
 )
-from klppo_train.budgets import longest_sequence
-from klppo_train.components import Components, StepPlan
-from klppo_train.config import AppConfig
-from klppo_train.data import read_rows
-from klppo_train.demo.embedded import build_model, build_tokenizer, warm_up
-from klppo_train.distributed import sum_over_ranks, world_size
-from klppo_train.engine import Sampling, build_engine
-from klppo_train.hf_dirs import save_atomically
-from klppo_train.losses import PolicyLoss, ValueLoss
-from klppo_train.passes import ForwardPass, Pass
-from klppo_train.precision import Precision, resolve_precision, role_sharding
-from klppo_train.probe import QUADRATIC_ATTENTION, ProbeShape
-from klppo_train.rewards import RewardManager
-from klppo_train.roles import PASS_ROLES, static_micro_batch_size
-from klppo_train.schedule import make_scheduler
-from klppo_train.trainee import Trainee
+from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding
+from klppo_train.runtime.process_group import sum_over_ranks, world_size
+from klppo_train.trainer.schedule import make_scheduler
 from rollout import RolloutEngine, WeightSync
 
 log = logging.getLogger("klppo_train")
@@ -314,7 +314,7 @@ def assemble(
 
 
 def probe_shape(cfg: AppConfig) -> ProbeShape:
-    """What the probe of ``auto`` budgets needs of the config (:mod:`klppo_train.probe`)."""
+    """What the probe of ``auto`` budgets needs of the config (:mod:`klppo_train.budgets.probe`)."""
     return ProbeShape(
         sequence=longest_sequence(cfg),
         response=cfg.rollout.sampling.max_new_tokens,

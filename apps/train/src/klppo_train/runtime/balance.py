@@ -18,8 +18,8 @@ from typing import Any
 import torch.distributed as dist
 
 from batching import RankAssignment, balance_across_ranks
-from klppo_train.data import PromptItem
-from klppo_train.distributed import world_size
+from klppo_train.data.datasets import PromptItem
+from klppo_train.runtime.process_group import world_size
 from rollout import RolloutBatch, Sample
 
 Group = tuple[PromptItem, list[Sample]]

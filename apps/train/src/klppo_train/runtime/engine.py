@@ -14,8 +14,8 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from fsdp_sharding import default_device
-from klppo_train.config import AppConfig
-from klppo_train.precision import Precision
+from klppo_train.config.schema import AppConfig
+from klppo_train.runtime.precision import Precision
 from rollout import HFEngine, RolloutEngine, SamplingConfig, VLLMEngine
 
 
