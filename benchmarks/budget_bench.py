@@ -6,7 +6,7 @@ role beside what ``auto`` chooses.
 The ``smollm2_arith`` recipe's shapes (prompts ≤ 64 tokens + 24 response tokens, 16 prompts ×
 4 samples, one mini-batch) with every budget ``auto``: the models are built as a run builds
 them (FSDP, ``model.dtype`` as the recipe says; the HF engine instead of vLLM, which the
-budgets do not touch), then ``klppo_train.budgets.probe.choose_budgets`` chooses as at a run's start
+budgets do not touch), then ``probe.choose_budgets`` chooses as at a run's start
 (its seconds are the probe's cost). The sweep then measures each role's real pass --
 actor/critic forward + backward, old/ref log-prob forwards -- at every budget of the series
 (L, 2L, 4L, ... up to the role's cap, and auto's choice) ``--repeats`` times, in rounds over
@@ -38,7 +38,8 @@ from klppo_train.budgets.roles import ROLES
 from klppo_train.config.preflight import preflight
 from klppo_train.config.schema import load_config
 from klppo_train.runtime.process_group import init_distributed
-from klppo_train.trainer.build import build_components, probe_shape
+from klppo_train.trainer.assemble import StepBuilder
+from klppo_train.trainer.build import build_components
 
 RESULTS = RESULTS_DIR / "budget_bench.json"
 WITHIN = 0.8  # auto's tokens/s ≥ 80 % of the sweep's best
@@ -88,8 +89,9 @@ def main() -> int:
         checked = preflight(cfg)
         init_distributed()
         c = build_components(cfg, model, checked.tokenizer, checked.rewards)
-        shape = probe_shape(cfg)
-        chosen = choose_budgets(c, cfg, shape, Path(tmp) / "budgets.json")
+        builder = StepBuilder(cfg)
+        shape = builder.probe_shape()
+        chosen = choose_budgets(c, builder.configured_budgets(), shape, Path(tmp) / "budgets.json")
         allowance, memory = memory_allowance(shape.memory_limit_gib, c)
         roles = {}
         for role in ROLES:

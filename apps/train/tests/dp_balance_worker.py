@@ -25,7 +25,7 @@ def rank_rollouts(rank: int) -> tuple[list[PromptItem], RolloutBatch]:
     items, samples = [], []
     for i, (prompt_len, responses) in enumerate(GROUPS[rank]):
         index = 4 * rank + i  # the dataset row: identifies the group after the exchange
-        items.append(PromptItem(index, "arithmetic", (1,) * prompt_len, "", (), "", "0"))
+        items.append(PromptItem(index, "arithmetic", (1,) * prompt_len, "0"))
         for j, length in enumerate(responses):
             samples.append(Sample(i, (100 * index + j,) * length, (0.0,) * length, "stop", 0))
     return items, RolloutBatch(samples, 0)

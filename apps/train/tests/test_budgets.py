@@ -21,7 +21,7 @@ from klppo_train.ppo.losses import PolicyLoss
 from klppo_train.ppo.passes import Pass
 from klppo_train.ppo.trainee import Trainee
 from klppo_train.ppo.trajectories import Trajectories
-from klppo_train.trainer.build import probe_shape
+from klppo_train.trainer.assemble import StepBuilder
 
 P, T, VOCAB = 6, 4, 64
 ROWS = 8  # sequences of P + T = 10 tokens at most
@@ -167,7 +167,10 @@ def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:
     cfg, c = components(tokenizer, auto)
     weights = copy.deepcopy(c.actor.model.state_dict())
     rng = torch.get_rng_state()
-    chosen = choose_budgets(c, cfg, probe_shape(cfg), tmp_path / "budgets.json")
+    builder = StepBuilder(cfg)
+    chosen = choose_budgets(
+        c, builder.configured_budgets(), builder.probe_shape(), tmp_path / "budgets.json"
+    )
     minimum = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
     assert set(chosen.tokens) == set(ROLES) and min(chosen.tokens.values()) >= minimum
     assert chosen.source == {role: "auto" for role in ROLES}
@@ -194,7 +197,7 @@ def test_a_memory_limit_that_one_sequence_cannot_meet_fails_naming_the_key() -> 
     limited = ("actor.ppo_max_token_len_per_gpu=auto", "trainer.memory_limit_gib=0.5")
     cfg, c = components(tokenizer, limited)
     with pytest.raises(UserError, match="actor.ppo_max_token_len_per_gpu=auto.*memory_limit"):
-        choose_budgets(c, cfg, probe_shape(cfg))
+        choose_budgets(c, StepBuilder(cfg).configured_budgets(), StepBuilder(cfg).probe_shape())
 
 
 # ------------------------------------------------------------------ whole runs

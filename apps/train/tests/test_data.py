@@ -157,11 +157,9 @@ def test_dataset_renders_the_chat_template(tokenizer) -> None:
     rows = [row("What is 3 + 4?", "7", index=9)]
     item = PromptDataset(rows, tokenizer, config())[0]
     text = "user: What is 3 + 4?\nassistant:"
-    assert item.prompt_text == text
     assert list(item.prompt_ids) == ids_of(tokenizer, text)
     assert (item.index, item.data_source, item.ground_truth) == (0, "arithmetic", "7")
-    assert item.extra_info == {"index": 9} and not item.truncated
-    assert item.messages == ({"role": "user", "content": "What is 3 + 4?"},)
+    assert item.extra_info == {"index": 9}
 
 
 def test_truncation_modes_and_filtering(tokenizer) -> None:
@@ -175,8 +173,7 @@ def test_truncation_modes_and_filtering(tokenizer) -> None:
     right = PromptDataset(rows, tokenizer, replace(strict, truncation="right"))
     assert list(left[2].prompt_ids) == ids_of(tokenizer, full[-25:])
     assert list(right[2].prompt_ids) == ids_of(tokenizer, full[:25])
-    assert [len(i.prompt_ids) for i in left] == [20, 25, 25] and left[2].truncated
-    assert left[2].prompt_text == full
+    assert [len(i.prompt_ids) for i in left] == [20, 25, 25]
     filtered = PromptDataset(rows, tokenizer, config(max_prompt_length=30))
     assert filtered.num_filtered == 1 and [i.index for i in filtered] == [0, 1]
 

@@ -62,6 +62,8 @@ def _vllm_run(tmp_path: Path) -> list[str]:
         "critic.ppo_mini_batch_size=4",
         "rollout.n=4",
         "ref.log_prob_max_token_len_per_gpu=auto",
+        "critic.use_dynamic_bsz=false",  # read only in static mode
+        "critic.ppo_micro_batch_size_per_gpu=8",
     ]
 
 

@@ -1,9 +1,6 @@
 """Rule-based rewards, custom reward loading and the dispatching manager."""
 
-import math
-
 import pytest
-import torch
 
 from klppo_train.data.rewards import (
     RewardManager,
@@ -157,22 +154,3 @@ def test_manager_counts_errors_or_raises(custom_file) -> None:
     with pytest.raises(RuntimeError, match="broken reward"):
         strict.score("mine", "boom", "", {})
     assert strict.errors == 0
-
-
-def test_token_scores_on_last_valid_token() -> None:
-    responses = torch.tensor([[5, 6, 7, 0], [5, 0, 0, 0], [0, 0, 0, 0], [1, 2, 3, 4]])
-    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
-    out = RewardManager.token_scores(responses, mask, [0.5, -1.0, 3.0, 2.0])
-    expected = torch.tensor(
-        [[0, 0, 0.5, 0], [-1.0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2.0]], dtype=torch.float32
-    )
-    assert torch.equal(out, expected)  # the all-padding row drops its score
-    assert RewardManager().token_scores(responses[:, :0], mask[:, :0], torch.ones(4)).shape == (
-        4,
-        0,
-    )
-    with pytest.raises(ValueError, match=r"scores \(3,\) must be \[B\] = \[4\]"):
-        RewardManager.token_scores(responses, mask, [1.0, 2.0, 3.0])
-    with pytest.raises(ValueError, match="must be the same"):
-        RewardManager.token_scores(responses, mask[:, :2], [1.0] * 4)
-    assert not math.isnan(out.sum().item())

@@ -17,7 +17,7 @@ from klppo_train.demo.tasks import make_arithmetic_rows
 from klppo_train.ppo.step import ppo_step
 from klppo_train.ppo.trainee import mini_batches
 from klppo_train.runtime.packed_attention import VARLEN
-from klppo_train.trainer.build import assemble
+from klppo_train.trainer.assemble import StepBuilder
 from rollout import HFEngine, HFEngineConfig, WeightSync
 
 OVERRIDES = [
@@ -42,7 +42,8 @@ OVERRIDES = [
 
 def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
     """``(cfg, Components)`` around plain (unsharded) tiny models, built by the trainer's
-    own :func:`klppo_train.trainer.build.assemble` from the config with ``extra`` overrides."""
+    own :class:`klppo_train.trainer.assemble.StepBuilder` from the config with ``extra``
+    overrides."""
     actor = build_model(len(tokenizer), seed=0, hidden=64)
     config = copy.deepcopy(actor.config)
     config.num_labels, config.classifier_dropout = 1, 0.0
@@ -53,8 +54,7 @@ def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
     cfg = load_config(None, [*OVERRIDES, *extra])
     validate_config(cfg)
     engine = HFEngine(copy.deepcopy(actor), HFEngineConfig(pad_token_id=0, eos_token_ids=(1,)))
-    c = assemble(
-        cfg,
+    c = StepBuilder(cfg).components(
         actor=actor,
         engine=engine,
         weight_sync=WeightSync(actor.named_parameters, engine),

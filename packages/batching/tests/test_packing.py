@@ -346,3 +346,14 @@ def test_wrong_packed_forward_does_not_match(model, batch, mistake):
     where = _compared_positions(mask)
     # Seen: ~0.2-0.3; the first sequence alone is still right, so only the maximum is large.
     assert (packed[where] - padded[where]).abs().max() > 1e-2
+
+
+def test_cu_seqlens_from_positions_finds_each_sequence_and_refuses_shared_prompts() -> None:
+    from batching import cu_seqlens_from_positions
+
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    assert cu_seqlens_from_positions(positions).tolist() == [0, 3, 5, 9]
+    assert cu_seqlens_from_positions(positions).dtype == torch.int32
+    # a sample that continues its shared prompt's positions (3, 4 after 0, 1, 2) starts at 3
+    with pytest.raises(ValueError, match="start at position 0"):
+        cu_seqlens_from_positions(torch.tensor([[0, 1, 2, 3, 4, 3, 4]]))

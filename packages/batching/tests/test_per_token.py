@@ -38,3 +38,16 @@ def test_values_before_each_response_token_in_input_order(plan) -> None:
     prompt_len = mask[:, :P].sum(-1, keepdim=True)
     expected_pos = (prompt_len - 1 + torch.arange(T)).float()
     assert torch.equal(positions[response_mask], expected_pos[response_mask])
+
+
+def test_run_micro_batch_is_one_planned_micro_batch_in_its_rows_order() -> None:
+    from batching import run_micro_batch
+
+    ids, mask, P, T = _batch()
+    rows = torch.tensor([2, 0, 3])  # a micro-batch an update cut itself, in its own order
+    tokens, positions = run_micro_batch(None, ids[rows], mask[rows], T, _token_at)
+    want_tokens, want_positions = per_response_token(None, ids, mask, T, _token_at, max_tokens=100)
+    response_mask = mask[rows, P:].bool()
+    assert tokens.shape == (3, T)
+    assert torch.equal(tokens[response_mask], want_tokens[rows][response_mask])
+    assert torch.equal(positions[response_mask], want_positions[rows][response_mask])

@@ -12,6 +12,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config.errors import UserError, user_errors
+from klppo_train.config.explain import explained_yaml
 from klppo_train.config.preflight import preflight
 from klppo_train.config.schema import load_config, to_yaml
 from klppo_train.config.validate import validate_config
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             advice = validate_config(config, world_size)
         if args.print_config:
             print(versions())
-            print(to_yaml(config))
+            print(explained_yaml(config) if args.explain else to_yaml(config))
             return 0
         if argv is None:  # the real command line (not a call from Python): may re-execute
             use_allocator(config.trainer.allocator)

@@ -1,4 +1,4 @@
-"""Command line: ``klppo-train [RECIPE.yaml] [key=value ...] [--print-config]``."""
+"""Command line: ``klppo-train [RECIPE.yaml] [key=value ...] [--print-config [--explain]]``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="with --print-config (implied): each key's documentation above it",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="also show the libraries' logs and warnings (vLLM, transformers, FSDP)",
@@ -37,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--debug", action="store_true", help="show the traceback of a config or data error"
     )
     args = parser.parse_intermixed_args(argv)  # flags anywhere among the overrides
+    args.print_config = args.print_config or args.explain
     if args.recipe and "=" in args.recipe:  # no recipe given, only overrides
         args.overrides.insert(0, args.recipe)
         args.recipe = None

@@ -287,6 +287,28 @@ def next_token_labels(packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
     return labels, valid.unsqueeze(0)
 
 
+def cu_seqlens_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """``[B + 1]`` int32 boundaries of a packed ``[1, nnz]`` row: a sequence starts wherever
+    the position does not continue the previous one (transformers' packing rule).
+
+    Raises:
+        ValueError: a sequence found this way does not start at position 0 (a shared-prompt
+            packing, :func:`~batching.pack_shared_prompts`, whose samples continue their
+            prompt's positions: it needs its ``Packing.layout``, not positions).
+    """
+    positions = position_ids[0]
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[1:] = positions[1:] != positions[:-1] + 1
+    boundaries = starts.nonzero().squeeze(-1)
+    if bool((positions[boundaries] != 0).any()):
+        raise ValueError(
+            "a packed row's sequences must start at position 0 (a shared-prompt packing "
+            "needs its packed_layout kwarg to reach the attention)"
+        )
+    end = torch.tensor([positions.shape[0]], device=positions.device)
+    return torch.cat([boundaries, end]).to(torch.int32)
+
+
 def block_causal_mask(packing: Packing) -> torch.Tensor:
     """Explicit block-diagonal causal mask of the packed row (``nnz²`` memory).
 

@@ -117,20 +117,46 @@ def per_response_token(
         group=group,
         prefixes=prefixes,
     )
+    outputs = [
+        run_micro_batch(
+            model,
+            input_ids[rows],
+            attention_mask[rows],
+            response_length,
+            compute,
+            share_prompts=share_prompts,
+        )
+        for rows in (torch.tensor(m, device=input_ids.device) for m in plan.micro_batches)
+    ]
+    return [restore_order([o[k] for o in outputs], plan) for k in range(len(outputs[0]))]
+
+
+def run_micro_batch(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    compute: PackedFn,
+    *,
+    share_prompts: bool = False,
+) -> list[torch.Tensor]:
+    """``compute`` over one micro-batch that is already planned -- every row of
+    ``input_ids`` ``[b, P + T]``, packed into one row -- with each output ``[b, T]`` in the
+    rows' order: the value at the position *before* each response token. No plan and no
+    collective: for a caller (an update) that cut its micro-batches and agreed their count
+    over the ranks itself (:func:`micro_batch_plan`). ``share_prompts``: as in
+    :func:`per_response_token`."""
+    prompt_length = input_ids.shape[1] - response_length
+    if share_prompts:
+        packing = pack_shared_prompts(input_ids, attention_mask, prompt_length)
+    else:
+        packing = pack(input_ids, attention_mask)
     # Position s predicts token s + 1: responses start at column P, so their values sit at
     # columns P - 1 .. P + T - 2.
     start = prompt_length - 1
-    outputs: list[list[torch.Tensor]] = []
-    for members in plan.micro_batches:
-        rows = torch.tensor(members, device=input_ids.device)
-        if share_prompts:
-            packing = pack_shared_prompts(input_ids[rows], attention_mask[rows], prompt_length)
-        else:
-            packing = pack(input_ids[rows], attention_mask[rows])
-        column = packing.indices % packing.seq_len
-        keep = ((column >= start) & (column < start + response_length)).nonzero().squeeze(-1)
-        outputs.append([_padded(t, keep, packing) for t in compute(model, packing, keep)])
+    column = packing.indices % packing.seq_len
+    keep = ((column >= start) & (column < start + response_length)).nonzero().squeeze(-1)
     return [
-        restore_order([o[k] for o in outputs], plan)[:, start : start + response_length]
-        for k in range(len(outputs[0]))
+        _padded(t, keep, packing)[:, start : start + response_length]
+        for t in compute(model, packing, keep)
     ]

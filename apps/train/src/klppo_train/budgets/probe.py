@@ -33,7 +33,7 @@ from batching import ProbePoint, search_budget
 from fsdp_sharding import default_device
 from klppo_train.budgets.measure import PassMeter, agree, memory_allowance
 from klppo_train.budgets.roles import ROLES
-from klppo_train.budgets.run_budgets import AUTO, RunBudgets, budgets_from_config, configured
+from klppo_train.budgets.run_budgets import AUTO, RunBudgets, resolve_budgets
 from klppo_train.budgets.run_budgets import release_memory as release_cached
 from klppo_train.config.errors import UserError
 from klppo_train.ppo.components import Components
@@ -151,10 +151,13 @@ def _too_small(role: str, shape: ProbeShape, found: dict, memory: dict) -> UserE
     )
 
 
-def choose_budgets(c: Components, cfg, shape: ProbeShape, path=None) -> RunBudgets:
-    """The run's budgets: the config's numbers, and for ``auto`` ones the probe's choice
-    (printed as a table; all of it in ``budgets.json`` at ``path``)."""
-    auto = [role for role in ROLES if configured(cfg, role) == AUTO]
+def choose_budgets(
+    c: Components, configured: dict[str, int | str], shape: ProbeShape, path=None
+) -> RunBudgets:
+    """The run's budgets: the configured numbers (``configured``: each role's value), and
+    for ``auto`` ones the probe's choice (printed as a table; all of it in ``budgets.json``
+    at ``path``)."""
+    auto = [role for role, value in configured.items() if value == AUTO]
     probe = _probe(c, shape, auto) if auto else None
     probed = {}
     for role in auto:
@@ -162,7 +165,7 @@ def choose_budgets(c: Components, cfg, shape: ProbeShape, path=None) -> RunBudge
         probed[role] = (
             (found["chosen"], "auto") if found else (3 * shape.sequence, "auto (pass not run)")
         )
-    budgets = budgets_from_config(cfg, path, probed)
+    budgets = resolve_budgets(configured, shape.sequence, path, probed)
     budgets.probe = probe
     budgets.write()
     return budgets

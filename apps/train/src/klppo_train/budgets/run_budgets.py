@@ -140,10 +140,22 @@ class RunBudgets:
 def budgets_from_config(
     cfg: Any, path: Path | None = None, probed: dict[str, tuple[int, str]] | None = None
 ) -> RunBudgets:
-    """The config's budgets as numbers; ``auto`` ones from ``probed`` (``{role: (tokens,
-    source)}``, :func:`klppo_train.budgets.probe.choose_budgets`), which each must have."""
-    tokens = {role: configured(cfg, role) for role in ROLES}
-    source = {role: "config" for role in ROLES}
+    """The config's budgets (:func:`resolve_budgets` of each role's key)."""
+    values = {role: configured(cfg, role) for role in ROLES}
+    return resolve_budgets(values, longest_sequence(cfg), path, probed)
+
+
+def resolve_budgets(
+    values: dict[str, int | str],
+    minimum: int,
+    path: Path | None = None,
+    probed: dict[str, tuple[int, str]] | None = None,
+) -> RunBudgets:
+    """Each role's configured value (``values``) as a number; ``auto`` ones from ``probed``
+    (``{role: (tokens, source)}``, :func:`klppo_train.budgets.probe.choose_budgets`), which
+    each must have. ``minimum``: one sequence of full length."""
+    tokens = dict(values)
+    source = {role: "config" for role in tokens}
     for role, (chosen, how) in (probed or {}).items():
         tokens[role], source[role] = chosen, how
     auto = [ROLES[role].budget_key for role, value in tokens.items() if value == AUTO]
@@ -151,7 +163,7 @@ def budgets_from_config(
         raise ValueError(
             f"{', '.join(auto)}=auto: chosen by klppo_train.budgets.probe.choose_budgets"
         )
-    return RunBudgets(tokens, longest_sequence(cfg), source, path=path)
+    return RunBudgets(tokens, minimum, source, path=path)
 
 
 def release_memory() -> None:

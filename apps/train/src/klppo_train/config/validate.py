@@ -12,7 +12,7 @@ from batching import check_token_budgets
 from fsdp_sharding import default_device
 from klppo_train.budgets.roles import ROLES, uses_budget
 from klppo_train.budgets.run_budgets import AUTO, longest_sequence
-from klppo_train.config.schema import AppConfig
+from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
 from klppo_train.demo.prepare import MODEL_SOURCES
 from klppo_train.demo.tasks import DATA_SOURCES
 from klppo_train.ppo.algorithm import ADV_ESTIMATORS
@@ -194,8 +194,8 @@ def _check_kl_control(cfg: AppConfig) -> None:
         )
 
 
-def _check_launch(cfg: AppConfig, world_size: int) -> None:
-    gpus, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes
+def _check_launch(trainer: TrainerConfig, world_size: int) -> None:
+    gpus, nodes = trainer.n_gpus_per_node, trainer.nnodes
     if (gpus or nodes) and gpus * max(nodes, 1) != world_size:
         raise ValueError(
             f"trainer.n_gpus_per_node={gpus} × trainer.nnodes={nodes} is not the launch's "
@@ -284,10 +284,10 @@ def _check_token_budgets(cfg: AppConfig) -> list[str]:
     return [text for _, text in messages]
 
 
-def _check_compiler(cfg: AppConfig) -> None:
+def _check_compiler(model: ModelConfig) -> None:
     """``model.compile`` builds C++ kernels (inductor) on CPU: without a compiler it would
     fail at the first forward, after every model loaded."""
-    if not cfg.model.compile:
+    if not model.compile:
         return
     from torch._inductor import cpp_builder, exc  # imported only when asked: ~1 s
 
@@ -300,8 +300,8 @@ def _check_compiler(cfg: AppConfig) -> None:
         ) from err
 
 
-def _check_resume(cfg: AppConfig) -> None:
-    mode = cfg.trainer.resume_mode
+def _check_resume(trainer: TrainerConfig) -> None:
+    mode = trainer.resume_mode
     if mode not in ("auto", "disable") and not (Path(mode).expanduser() / "actor").is_dir():
         raise ValueError(
             f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or a checkpoint directory "
@@ -313,11 +313,11 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     """Raise ``ValueError`` naming the key(s) of the first problem; return advice to log."""
     _check_ranges(config)
     _check_budget_values(config)
-    _check_resume(config)
+    _check_resume(config.trainer)
     _check_algorithm(config)
     _check_batch_sizes(config, world_size)
     _check_fsdp_sizes(config, world_size)
-    _check_launch(config, world_size)
-    _check_compiler(config)
+    _check_launch(config.trainer, world_size)
+    _check_compiler(config.model)
     check_allocator(config.trainer.allocator)
     return _check_token_budgets(config)

@@ -198,17 +198,13 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> No
 
 @dataclass(frozen=True)
 class PromptItem:
-    """One tokenized prompt. ``prompt_text`` is the full rendered text, even if truncated."""
+    """One tokenized prompt: what generation and the reward read (``index``: its row)."""
 
     index: int
     data_source: str
     prompt_ids: tuple[int, ...]
-    prompt_text: str
-    messages: tuple[dict[str, str], ...]
-    ability: str
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
-    truncated: bool = False
 
 
 class PromptDataset:
@@ -238,10 +234,8 @@ class PromptDataset:
                 self.items.append(item)
 
     def _make_item(self, i: int, row: dict[str, Any], tokenizer: Any) -> PromptItem | None:
-        messages = row["prompt"]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
         )
         ids = list(ids)
         limit, mode = self.config.max_prompt_length, self.config.truncation
@@ -260,12 +254,8 @@ class PromptDataset:
             index=i,
             data_source=row["data_source"],
             prompt_ids=tuple(int(t) for t in ids),
-            prompt_text=text,
-            messages=tuple(dict(m) for m in messages),
-            ability=row["ability"],
             ground_truth=row["reward_model"]["ground_truth"],
             extra_info=dict(row.get("extra_info") or {}),
-            truncated=overlong,
         )
 
     def __len__(self) -> int:

@@ -14,10 +14,8 @@ import inspect
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 RewardFn = Callable[[str, str, str, dict | None], float]
 """``(data_source, solution_str, ground_truth, extra_info) -> score``."""
@@ -194,36 +192,4 @@ class RewardManager:
         out = {"reward/errors": float(self.errors)}
         if reset:
             self.errors = 0
-        return out
-
-    @staticmethod
-    def token_scores(
-        responses: torch.Tensor, response_mask: torch.Tensor, scores: Sequence[float] | torch.Tensor
-    ) -> torch.Tensor:
-        """Place each sequence's score on its last valid response token.
-
-        Args:
-            responses: ``[B, T]`` response token ids (only the shape is used).
-            response_mask: ``[B, T]``, nonzero on valid response tokens.
-            scores: ``[B]`` one score per sequence.
-
-        Returns:
-            ``[B, T]`` float32 zeros with ``out[b, last_valid(b)] = scores[b]``; a row with
-            no valid token stays all zero (its score is dropped).
-        """
-        if responses.dim() != 2 or response_mask.shape != responses.shape:
-            raise ValueError(
-                f"responses {tuple(responses.shape)} and response_mask "
-                f"{tuple(response_mask.shape)} must be the same [B, T] shape"
-            )
-        scores = torch.as_tensor(scores, dtype=torch.float32, device=response_mask.device)
-        if scores.shape != (responses.shape[0],):
-            raise ValueError(f"scores {tuple(scores.shape)} must be [B] = [{responses.shape[0]}]")
-        out = torch.zeros(responses.shape, dtype=torch.float32, device=response_mask.device)
-        if responses.shape[1] == 0:  # max() over an empty dim would raise
-            return out
-        positions = torch.arange(responses.shape[1], device=response_mask.device)
-        last = torch.where(response_mask.bool(), positions, -1).max(dim=1).values
-        rows = (last >= 0).nonzero(as_tuple=True)[0]
-        out[rows, last[rows]] = scores[rows]
         return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batching import PackedFn, Packing, next_token_labels, per_response_token
+from batching import PackedFn, Packing, next_token_labels, per_response_token, run_micro_batch
 from klppo_train.budgets.faults import FAULTS
 from klppo_train.runtime.packed_attention import VARLEN
 from ppo_core import logprobs_and_entropy
@@ -47,20 +47,46 @@ def _values(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[tor
     return (model(**packing.model_kwargs()).logits[0, keep, 0].float(),)  # [K] of [1, nnz, 1]
 
 
+def _per_response_token(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    compute: PackedFn,
+    *,
+    max_tokens: int | None,
+    micro_batch_size: int | None,
+    share_prompts: bool,
+) -> list[torch.Tensor]:
+    share = _checked_sharing(model, share_prompts)
+    if max_tokens is None:  # one micro-batch the caller planned (an update's)
+        args = (model, input_ids, attention_mask, response_length, compute)
+        return run_micro_batch(*args, share_prompts=share)
+    return per_response_token(
+        model,
+        input_ids,
+        attention_mask,
+        response_length,
+        compute,
+        max_tokens=max_tokens,
+        micro_batch_size=micro_batch_size,
+        share_prompts=share,
+    )
+
+
 def response_values(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     response_length: int,
     *,
-    max_tokens: int,
+    max_tokens: int | None,
     micro_batch_size: int | None = None,
-    num_micro_batches: int | None = None,
     share_prompts: bool = False,
 ) -> torch.Tensor:
     """Critic values ``[B, T]`` (a token-classification model with one label), V of the state
     before each response token; same micro-batching and packing as :func:`response_logprobs`."""
-    (values,) = per_response_token(
+    (values,) = _per_response_token(
         model,
         input_ids,
         attention_mask,
@@ -68,8 +94,7 @@ def response_values(
         _values,
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
-        num_micro_batches=num_micro_batches,
-        share_prompts=_checked_sharing(model, share_prompts),
+        share_prompts=share_prompts,
     )
     return values
 
@@ -80,11 +105,10 @@ def response_logprobs(
     attention_mask: torch.Tensor,
     response_length: int,
     *,
-    max_tokens: int,
+    max_tokens: int | None,
     temperature: float = 1.0,
     with_entropy: bool = False,
     micro_batch_size: int | None = None,
-    num_micro_batches: int | None = None,
     share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(response token | everything before it), and optionally the entropy there.
@@ -94,11 +118,12 @@ def response_logprobs(
         input_ids: ``[B, P + T]`` prompt (left-padded) + response (right-padded).
         attention_mask: ``[B, P + T]``.
         response_length: T.
-        max_tokens: per micro-batch token budget (e.g. ``log_prob_max_token_len_per_gpu``).
+        max_tokens: per micro-batch token budget (e.g. ``log_prob_max_token_len_per_gpu``);
+            None: the batch is one micro-batch its caller planned (an update's: no plan,
+            no collective, :func:`batching.run_micro_batch`).
         temperature: divide the logits by it (the sampling temperature).
         with_entropy: also return the entropy of each response position's distribution.
         micro_batch_size: fixed micro-batches of this many sequences instead of the budget.
-        num_micro_batches: force this count (after ``batching.sync_num_micro_batches``).
         share_prompts: the samples of a prompt run its tokens once per micro-batch
             (``batching.pack_shared_prompts``; ``model.share_prompts``); needs the
             ``klppo_varlen`` attention. ``max_tokens`` then counts the tokens that run.
@@ -107,7 +132,7 @@ def response_logprobs(
         ``(logprobs [B, T], entropy [B, T] or None)``; values at response padding are not
         meaningful (mask them with the response mask). Differentiable.
     """
-    outputs = per_response_token(
+    outputs = _per_response_token(
         model,
         input_ids,
         attention_mask,
@@ -115,7 +140,6 @@ def response_logprobs(
         _logprobs_fn(temperature, with_entropy),
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
-        num_micro_batches=num_micro_batches,
-        share_prompts=_checked_sharing(model, share_prompts),
+        share_prompts=share_prompts,
     )
     return outputs[0], outputs[1] if with_entropy else None

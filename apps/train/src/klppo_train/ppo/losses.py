@@ -85,10 +85,9 @@ class PolicyLoss:
             mb.input_ids,
             mb.attention_mask,
             mb.response_mask.shape[1],
-            max_tokens=int(mb.attention_mask.sum(-1).sum()),  # the micro-batch in one row
+            max_tokens=None,  # the micro-batch the trainee planned, as it is
             temperature=self.temperature,
             with_entropy=self.entropy_coeff > 0 or on_policy,
-            num_micro_batches=1,
             share_prompts=self.share_prompts,
         )
         loss, metrics = policy_loss(
@@ -140,8 +139,7 @@ class ValueLoss:
             mb.input_ids,
             mb.attention_mask,
             mb.response_mask.shape[1],
-            max_tokens=int(mb.attention_mask.sum()),  # the micro-batch in one packed row
-            num_micro_batches=1,
+            max_tokens=None,  # the micro-batch the trainee planned, as it is
             share_prompts=self.share_prompts,
         )
         return value_loss(

@@ -27,13 +27,12 @@ import torch
 
 from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptItem
-from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import advantage_metrics, explained_variance
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.trajectories import Trajectories, trajectories
 from klppo_train.runtime.balance import balance_rollouts
 from klppo_train.runtime.process_group import rank_span
-from ppo_core import masked_mean
+from ppo_core import masked_mean, token_level_scores
 from rollout import logprob_mismatch
 
 
@@ -55,7 +54,7 @@ def score_responses(c: Components, items: Sequence[PromptItem], t: Trajectories)
         text = c.tokenizer.decode(ids, skip_special_tokens=True)
         item = items[index]
         scores.append(c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info))
-    return RewardManager.token_scores(t.response_ids, t.response_mask, scores)
+    return token_level_scores(scores, t.response_mask)
 
 
 def _generate(c: Components, items: Sequence[PromptItem], step: int, span: range):

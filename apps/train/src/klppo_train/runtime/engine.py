@@ -52,10 +52,6 @@ class Sampling:
     seed: int  # trainer.seed
     val_temperature: float = 0.0
 
-    @classmethod
-    def from_config(cls, cfg: AppConfig) -> Sampling:
-        return cls(cfg.rollout.sampling, cfg.trainer.seed, cfg.rollout.val_temperature)
-
     def _step_seed(self, step: int) -> int:
         return self.seed * STRIDE + step
 

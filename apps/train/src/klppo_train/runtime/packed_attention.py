@@ -25,10 +25,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from batching import (
-    GroupAttention,
     VarlenLayout,
-    matmul_causal_attention,
-    sdpa_causal_attention,
+    cu_seqlens_from_positions,
     varlen_causal_attention,
     varlen_layout,
 )
@@ -37,11 +35,7 @@ VARLEN = "klppo_varlen"
 
 GROUP_ATTENTION = "klppo_group_attention"
 """An attention module's attribute: the :data:`batching.GroupAttention` its packed rows use
-(set by ``model.compile``, see :func:`compiled_group_attention`); sdpa where absent."""
-
-MATMUL_MAX_LEN = 256
-"""Longest group (tokens) the compiled matmul attention takes; measured faster than sdpa up
-to 220 tokens (SmolLM2 shapes, bf16, 2 CPU threads), its scores grow with L²."""
+(set by ``model.compile``: :func:`batching.compiled_group_attention`); sdpa where absent."""
 
 # The layout of the row being run: every layer of one forward gets the same cu_seqlens
 # tensor, so it is computed once per forward (one host read of cu_seqlens).
@@ -53,28 +47,6 @@ def _layout(cu_seqlens: torch.Tensor) -> VarlenLayout:
     if _last_layout[0] is not cu_seqlens:
         _last_layout = (cu_seqlens, varlen_layout(cu_seqlens))
     return _last_layout[1]
-
-
-def cu_seqlens_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
-    """``[B + 1]`` int32 boundaries of a packed ``[1, nnz]`` row: a sequence starts wherever
-    the position does not continue the previous one (transformers' packing rule)."""
-    positions = position_ids[0]
-    starts = torch.ones_like(positions, dtype=torch.bool)
-    starts[1:] = positions[1:] != positions[:-1] + 1
-    boundaries = starts.nonzero().squeeze(-1)
-    end = torch.tensor([positions.shape[0]], device=positions.device)
-    return torch.cat([boundaries, end]).to(torch.int32)
-
-
-def _check_starts(position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
-    # Sequences found from positions alone must start at 0: a shared-prompt packing whose
-    # layout was dropped on the way (a wrapper without **kwargs) has samples starting at
-    # their prompt's length, and would silently lose their prompt here.
-    if bool((position_ids[0, cu_seqlens[:-1].long()] != 0).any()):
-        raise ValueError(
-            "a packed row's sequences must start at position 0 (a shared-prompt packing "
-            "needs its packed_layout kwarg to reach the attention)"
-        )
 
 
 def varlen_attention_forward(
@@ -100,7 +72,6 @@ def varlen_attention_forward(
         cu_seqlens = kwargs.get("cu_seq_lens_q")
         if cu_seqlens is None:
             cu_seqlens = cu_seqlens_from_positions(kwargs["position_ids"])
-            _check_starts(kwargs["position_ids"], cu_seqlens)
         layout = _layout(cu_seqlens)
     out = varlen_causal_attention(
         *(t[0].transpose(0, 1) for t in (query, key, value)),
@@ -110,30 +81,6 @@ def varlen_attention_forward(
         group_attention=getattr(module, GROUP_ATTENTION, None),
     )
     return out.unsqueeze(0), None
-
-
-_compiled_matmul: GroupAttention | None = None
-
-
-def compiled_group_attention() -> GroupAttention:
-    """``model.compile``'s packed attention: a bf16 group on CPU of 2 or more sequences of
-    2 to :data:`MATMUL_MAX_LEN` tokens goes through ``torch.compile(matmul_causal_attention)``
-    (2x sdpa's speed there, forward and backward), anything else through sdpa as before.
-    One compiled function for every layer and role (compiled once, dynamic shapes)."""
-    global _compiled_matmul
-    if _compiled_matmul is None:
-        _compiled_matmul = torch.compile(matmul_causal_attention, dynamic=True)
-    compiled = _compiled_matmul
-
-    def attend(q, k, v, scale: float) -> torch.Tensor:
-        # A group of one sequence, or of 1-token sequences, goes to sdpa: the compiler
-        # specializes sizes 0 and 1, and such a group would recompile mid-run (seconds).
-        short = q.shape[0] > 1 and 1 < q.shape[2] <= MATMUL_MAX_LEN
-        if short and q.dtype == torch.bfloat16 and q.device.type == "cpu":
-            return compiled(q, k, v, scale)
-        return sdpa_causal_attention(q, k, v, scale)
-
-    return attend
 
 
 def _varlen_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs):

@@ -13,37 +13,25 @@ import logging
 from pathlib import Path
 
 import torch
-from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
 )
 
+from batching import compiled_group_attention
 from fsdp_sharding import ShardingConfig, default_device, iter_full_state_dict, shard_model
-from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape
-from klppo_train.budgets.roles import PASS_ROLES, static_micro_batch_size
-from klppo_train.budgets.run_budgets import longest_sequence
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import read_rows
 from klppo_train.data.rewards import RewardManager
 from klppo_train.demo.embedded import build_model, build_tokenizer, warm_up
-from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
-from klppo_train.ppo.components import Components, StepPlan
-from klppo_train.ppo.losses import PolicyLoss, ValueLoss
-from klppo_train.ppo.passes import ForwardPass, Pass
-from klppo_train.ppo.trainee import Trainee
-from klppo_train.runtime.engine import Sampling, build_engine
+from klppo_train.ppo.components import Components
+from klppo_train.runtime.engine import build_engine
 from klppo_train.runtime.hf_dirs import save_atomically
-from klppo_train.runtime.packed_attention import (
-    GROUP_ATTENTION,
-    compiled_group_attention,
-    packed_attention_implementation,
-)
+from klppo_train.runtime.packed_attention import GROUP_ATTENTION, packed_attention_implementation
 from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding
-from klppo_train.runtime.process_group import sum_over_ranks, world_size
-from klppo_train.trainer.schedule import make_scheduler
-from rollout import RolloutEngine, WeightSync
+from klppo_train.trainer.assemble import StepBuilder
+from rollout import WeightSync
 
 log = logging.getLogger("klppo_train")
 
@@ -77,28 +65,6 @@ def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
         result.accuracy,
     )
     return save_atomically(model, tokenizer, path)
-
-
-def make_schedulers(c: Components, cfg: AppConfig, total_steps: int) -> list:
-    """Actor: warm-up then constant/cosine; critic: warm-up then constant."""
-    schedulers = [
-        make_scheduler(
-            c.actor.optimizer,
-            warmup_steps=cfg.actor.lr_warmup_steps,
-            total_steps=total_steps,
-            kind=cfg.actor.lr_scheduler,
-        )
-    ]
-    if c.critic is not None:
-        schedulers.append(
-            make_scheduler(
-                c.critic.optimizer,
-                total_steps=total_steps,
-                warmup_steps=cfg.critic.lr_warmup_steps,
-                kind="constant",
-            )
-        )
-    return schedulers
 
 
 def _sharded(model, fsdp: ShardingConfig, compute: Precision):
@@ -144,12 +110,6 @@ def _load(cfg: AppConfig, cls, model_dir: Path, dtype: torch.dtype, **kwargs):
     return model
 
 
-def adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the (sharded) parameters, fused: on SmolLM2-135M's fp32 masters on 2 CPU
-    cores one step took 0.087 s fused, 0.37 s foreach, 0.76 s with the default loop."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
-
-
 def _values_not_a_view(module, args, output):
     """The value head (``nn.Linear`` over ``[1, nnz, H]``) returns a view of its 2-D matmul,
     and the FSDP2 root returns it as is, which FSDP2 warns about (an in-place op on that
@@ -183,71 +143,6 @@ def _reference(cfg: AppConfig, model_dir: Path, compute: Precision):
     return shard_model(ref, sharding)
 
 
-def skips_old_log_prob_pass(cfg: AppConfig) -> bool:
-    """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not moved
-    since it generated, so the update uses logπ_old = sg(logπ) and the old-log-prob pass is
-    not run — unless the KL in the reward needs logπ before the update."""
-    one_update = (
-        cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
-    )
-    return one_update and not cfg.algorithm.use_kl_in_reward
-
-
-def forward_pass(cfg: AppConfig, name: str, model, **computes) -> ForwardPass:
-    """Pass ``name`` of ``model`` over the step's responses, micro-batched as its role says."""
-    return ForwardPass(
-        name=name,
-        micro_batch_size=static_micro_batch_size(cfg, PASS_ROLES[name]),
-        model=model,
-        response_length=cfg.rollout.sampling.max_new_tokens,
-        share_prompts=cfg.model.share_prompts,
-        temperature=cfg.rollout.sampling.temperature,
-        **computes,
-    )
-
-
-def policy_loss(cfg: AppConfig) -> PolicyLoss:
-    a = cfg.actor
-    return PolicyLoss(
-        clip_ratio_low=a.clip_ratio_low,
-        clip_ratio_high=a.clip_ratio_high,
-        clip_ratio_c=a.clip_ratio_c,
-        loss_agg_mode=a.loss_agg_mode,
-        entropy_coeff=a.entropy_coeff,
-        use_kl_loss=a.use_kl_loss,
-        kl_loss_coef=a.kl_loss_coef,
-        kl_loss_type=a.kl_loss_type,
-        temperature=cfg.rollout.sampling.temperature,
-        share_prompts=cfg.model.share_prompts,
-    )
-
-
-def value_loss(cfg: AppConfig) -> ValueLoss:
-    return ValueLoss(
-        cliprange_value=cfg.critic.cliprange_value,
-        loss_agg_mode=cfg.critic.loss_agg_mode,
-        share_prompts=cfg.model.share_prompts,
-    )
-
-
-def trainee(cfg: AppConfig, name: str, model, loss) -> Trainee:
-    """The actor or the critic (``name``: its config section) with its optimizer and
-    update pass."""
-    section = getattr(cfg, name)
-    return Trainee(
-        name=name,
-        model=model,
-        optimizer=adamw(model, section.lr, section.weight_decay),
-        loss=loss,
-        update=Pass(name=f"update_{name}", micro_batch_size=static_micro_batch_size(cfg, name)),
-        epochs=section.ppo_epochs,
-        rows_per_mini_batch=section.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size(),
-        grad_clip=section.grad_clip,
-        offload_optimizer=section.fsdp.optimizer_offload,
-        share_prompts=cfg.model.share_prompts,
-    )
-
-
 def build_components(
     cfg: AppConfig, model_dir: Path, tokenizer, rewards: RewardManager
 ) -> Components:
@@ -262,75 +157,7 @@ def build_components(
     engine = build_engine(cfg, model_dir, tokenizer, compute)
     # Cast while streaming: the engine holds the compute dtype (half the bytes in bf16).
     sync = WeightSync(lambda: iter_full_state_dict(actor), engine, dtype=compute.dtype)
-    return assemble(
-        cfg, actor=actor, engine=engine, weight_sync=sync, tokenizer=tokenizer,
+    return StepBuilder(cfg).components(
+        actor=actor, engine=engine, weight_sync=sync, tokenizer=tokenizer,
         rewards=rewards, ref=ref, critic=critic, actor_params=actor_params,
     )  # fmt: skip
-
-
-def assemble(
-    cfg: AppConfig,
-    *,
-    actor: nn.Module,
-    engine: RolloutEngine,
-    weight_sync: WeightSync,
-    tokenizer,
-    rewards: RewardManager,
-    ref: nn.Module | None = None,
-    critic: nn.Module | None = None,
-    actor_params: int = 0,
-) -> Components:
-    """The step's objects around the run's models (sharded or not): trainees with their
-    optimizers and losses, the forward passes that run in this configuration, the resolved
-    algorithm choices and the :class:`StepPlan`; the config is not read after this."""
-    kl_controller = make_kl_controller(cfg.algorithm)
-    critic_trainee = trainee(cfg, "critic", critic, value_loss(cfg)) if critic else None
-    return Components(
-        actor=trainee(cfg, "actor", actor, policy_loss(cfg)),
-        engine=engine,
-        weight_sync=weight_sync,
-        tokenizer=tokenizer,
-        rewards=rewards,
-        kl_controller=kl_controller,
-        advantage_fn=make_advantage_fn(
-            cfg.algorithm, dp_sum=sum_over_ranks if world_size() > 1 else None
-        ),
-        plan=StepPlan(
-            sampling=Sampling.from_config(cfg),
-            response_length=cfg.rollout.sampling.max_new_tokens,
-            balance_batch=cfg.trainer.balance_batch,
-        ),
-        kl_in_reward=(
-            KLInReward(cfg.algorithm.kl_penalty, kl_controller)
-            if cfg.algorithm.use_kl_in_reward
-            else None
-        ),
-        old_log_prob=_old_log_prob_pass(cfg, actor),
-        ref=forward_pass(cfg, "ref", ref) if ref is not None else None,
-        values=forward_pass(cfg, "values", critic, values=True) if critic else None,
-        critic=critic_trainee,
-        actor_params=actor_params,
-    )
-
-
-def probe_shape(cfg: AppConfig) -> ProbeShape:
-    """What the probe of ``auto`` budgets needs of the config (:mod:`klppo_train.budgets.probe`)."""
-    return ProbeShape(
-        sequence=longest_sequence(cfg),
-        response=cfg.rollout.sampling.max_new_tokens,
-        step_rows=cfg.data.train_batch_size * cfg.rollout.sampling.n // world_size(),
-        quadratic=cfg.model.attn_implementation in QUADRATIC_ATTENTION,
-        memory_limit_gib=cfg.trainer.memory_limit_gib,
-        # vLLM's level-2 sleep drops the weights (only a weight sync brings them back)
-        engine_sleeps=cfg.rollout.engine != "vllm" or cfg.rollout.vllm.sleep_level == 1,
-    )
-
-
-def _old_log_prob_pass(cfg: AppConfig, actor) -> ForwardPass | None:
-    if skips_old_log_prob_pass(cfg):
-        log.info(
-            "on-policy steps (one mini-batch, actor.ppo_epochs=1, no KL in reward): "
-            "logπ_old = sg(logπ) in the update, no old-log-prob pass"
-        )
-        return None
-    return forward_pass(cfg, "old_log_prob", actor, with_entropy=True)

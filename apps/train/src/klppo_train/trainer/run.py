@@ -25,7 +25,7 @@ from fsdp_sharding import export_hf
 from klppo_train.budgets.probe import choose_budgets
 from klppo_train.budgets.run_budgets import BUDGETS_FILE
 from klppo_train.config.preflight import Checked, preflight
-from klppo_train.config.schema import AppConfig, to_yaml
+from klppo_train.config.schema import AppConfig, TrainerConfig, to_yaml
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.step import ppo_step
@@ -37,12 +37,8 @@ from klppo_train.runtime.process_group import (
     launch_world_size,
     rank_slice,
 )
-from klppo_train.trainer.build import (
-    build_components,
-    ensure_model_dir,
-    make_schedulers,
-    probe_shape,
-)
+from klppo_train.trainer.assemble import StepBuilder
+from klppo_train.trainer.build import build_components, ensure_model_dir
 from klppo_train.trainer.checkpoints import (
     load_trainer_checkpoint,
     resolve_resume,
@@ -78,8 +74,8 @@ def _score_validation_batch(c: Components, mine, hits: dict) -> None:
         hits.setdefault(item.data_source, []).append(float(score >= 1.0))
 
 
-def total_steps(cfg: AppConfig, batches_per_epoch: int) -> int:
-    return cfg.trainer.total_training_steps or cfg.trainer.total_epochs * batches_per_epoch
+def total_steps(trainer: TrainerConfig, batches_per_epoch: int) -> int:
+    return trainer.total_training_steps or trainer.total_epochs * batches_per_epoch
 
 
 def prepare_run_dir(cfg: AppConfig) -> tuple[Path, Path]:
@@ -118,12 +114,12 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
             dist.destroy_process_group()
 
 
-def _token_budgets(c: Components, cfg: AppConfig, run_dir: Path) -> None:
+def _token_budgets(c: Components, builder: StepBuilder, run_dir: Path) -> None:
     """A checkpoint's budgets, else the config's with ``auto`` ones probed; in
     ``run_dir/budgets.json`` (rank 0)."""
     path = run_dir / BUDGETS_FILE if is_main() else None
     if c.budgets is None:
-        c.budgets = choose_budgets(c, cfg, probe_shape(cfg), path)
+        c.budgets = choose_budgets(c, builder.configured_budgets(), builder.probe_shape(), path)
     else:
         c.budgets.path = path
         c.budgets.write()
@@ -134,11 +130,12 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
     """Resume or validate the start, then the PPO steps; the metrics records."""
     train_set, val_set = checked.train, checked.val
     loader = PromptLoader(train_set, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
-    steps = total_steps(cfg, len(loader))
-    schedulers = make_schedulers(c, cfg, steps)
+    steps = total_steps(cfg.trainer, len(loader))
+    builder = StepBuilder(cfg)
+    schedulers = builder.schedulers(c, steps)
     resume_from = resolve_resume(run_dir, cfg.trainer.resume_mode)
     first = load_trainer_checkpoint(resume_from, c, schedulers, loader) if resume_from else 0
-    _token_budgets(c, cfg, run_dir)
+    _token_budgets(c, builder, run_dir)
     if first:
         c.weight_sync.sync(version=first)
     metrics_log = MetricsLog(run_dir, first, steps, enabled=is_main())

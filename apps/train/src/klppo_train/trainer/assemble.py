@@ -1,0 +1,207 @@
+"""The config, read once into the step's objects: :class:`StepBuilder`.
+
+:mod:`klppo_train.trainer.build` loads and shards the models; this module turns the config
+around them into what the step and the probe take instead of the config — the trainees
+(optimizer, loss built with its hyperparameters, update :class:`Pass`), the forward passes
+that run in this configuration, the resolved algorithm choices, the :class:`StepPlan`, the
+probe's :class:`ProbeShape` and the LR schedulers. After :meth:`StepBuilder.components`
+nothing reads the config but the loop's own keys (steps, validation, checkpoints).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape
+from klppo_train.budgets.roles import PASS_ROLES, ROLES, config_value, static_micro_batch_size
+from klppo_train.budgets.run_budgets import longest_sequence
+from klppo_train.config.schema import AppConfig
+from klppo_train.data.rewards import RewardManager
+from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
+from klppo_train.ppo.components import Components, StepPlan
+from klppo_train.ppo.losses import PolicyLoss, ValueLoss
+from klppo_train.ppo.passes import ForwardPass, Pass
+from klppo_train.ppo.trainee import Trainee
+from klppo_train.runtime.engine import Sampling
+from klppo_train.runtime.process_group import sum_over_ranks, world_size
+from klppo_train.trainer.schedule import make_scheduler
+from rollout import RolloutEngine, WeightSync
+
+log = logging.getLogger("klppo_train")
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over the (sharded) parameters, fused: on SmolLM2-135M's fp32 masters on 2 CPU
+    cores one step took 0.087 s fused, 0.37 s foreach, 0.76 s with the default loop."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
+
+
+class StepBuilder:
+    """Builds the step's objects from ``cfg`` (read here and nowhere below the step)."""
+
+    def __init__(self, cfg: AppConfig) -> None:
+        self.cfg = cfg
+
+    def skips_old_log_prob_pass(self) -> bool:
+        """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not
+        moved since it generated, so the update uses logπ_old = sg(logπ) and the
+        old-log-prob pass is not run — unless the KL in the reward needs logπ before the
+        update."""
+        cfg = self.cfg
+        one_update = (
+            cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
+        )
+        return one_update and not cfg.algorithm.use_kl_in_reward
+
+    def forward_pass(self, name: str, model: nn.Module, **computes) -> ForwardPass:
+        """Pass ``name`` of ``model`` over the step's responses, micro-batched as its role
+        says."""
+        cfg = self.cfg
+        return ForwardPass(
+            name=name,
+            micro_batch_size=static_micro_batch_size(cfg, PASS_ROLES[name]),
+            model=model,
+            response_length=cfg.rollout.sampling.max_new_tokens,
+            share_prompts=cfg.model.share_prompts,
+            temperature=cfg.rollout.sampling.temperature,
+            **computes,
+        )
+
+    def policy_loss(self) -> PolicyLoss:
+        a = self.cfg.actor
+        return PolicyLoss(
+            clip_ratio_low=a.clip_ratio_low,
+            clip_ratio_high=a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c,
+            loss_agg_mode=a.loss_agg_mode,
+            entropy_coeff=a.entropy_coeff,
+            use_kl_loss=a.use_kl_loss,
+            kl_loss_coef=a.kl_loss_coef,
+            kl_loss_type=a.kl_loss_type,
+            temperature=self.cfg.rollout.sampling.temperature,
+            share_prompts=self.cfg.model.share_prompts,
+        )
+
+    def value_loss(self) -> ValueLoss:
+        return ValueLoss(
+            cliprange_value=self.cfg.critic.cliprange_value,
+            loss_agg_mode=self.cfg.critic.loss_agg_mode,
+            share_prompts=self.cfg.model.share_prompts,
+        )
+
+    def trainee(self, name: str, model: nn.Module, loss) -> Trainee:
+        """The actor or the critic (``name``: its config section) with its optimizer and
+        update pass."""
+        cfg, section = self.cfg, getattr(self.cfg, name)
+        rows = section.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size()
+        return Trainee(
+            name=name,
+            model=model,
+            optimizer=adamw(model, section.lr, section.weight_decay),
+            loss=loss,
+            update=Pass(name=f"update_{name}", micro_batch_size=static_micro_batch_size(cfg, name)),
+            epochs=section.ppo_epochs,
+            rows_per_mini_batch=rows,
+            grad_clip=section.grad_clip,
+            offload_optimizer=section.fsdp.optimizer_offload,
+            share_prompts=cfg.model.share_prompts,
+        )
+
+    def components(
+        self,
+        *,
+        actor: nn.Module,
+        engine: RolloutEngine,
+        weight_sync: WeightSync,
+        tokenizer,
+        rewards: RewardManager,
+        ref: nn.Module | None = None,
+        critic: nn.Module | None = None,
+        actor_params: int = 0,
+    ) -> Components:
+        """The step's objects around the run's models (sharded or not): trainees with their
+        optimizers and losses, the forward passes that run in this configuration, the
+        resolved algorithm choices and the :class:`StepPlan`."""
+        cfg = self.cfg
+        kl_controller = make_kl_controller(cfg.algorithm)
+        return Components(
+            actor=self.trainee("actor", actor, self.policy_loss()),
+            engine=engine,
+            weight_sync=weight_sync,
+            tokenizer=tokenizer,
+            rewards=rewards,
+            kl_controller=kl_controller,
+            advantage_fn=make_advantage_fn(
+                cfg.algorithm, dp_sum=sum_over_ranks if world_size() > 1 else None
+            ),
+            plan=StepPlan(
+                sampling=self.sampling(),
+                response_length=cfg.rollout.sampling.max_new_tokens,
+                balance_batch=cfg.trainer.balance_batch,
+            ),
+            kl_in_reward=(
+                KLInReward(cfg.algorithm.kl_penalty, kl_controller)
+                if cfg.algorithm.use_kl_in_reward
+                else None
+            ),
+            old_log_prob=self._old_log_prob_pass(actor),
+            ref=self.forward_pass("ref", ref) if ref is not None else None,
+            values=self.forward_pass("values", critic, values=True) if critic else None,
+            critic=self.trainee("critic", critic, self.value_loss()) if critic else None,
+            actor_params=actor_params,
+        )
+
+    def _old_log_prob_pass(self, actor: nn.Module) -> ForwardPass | None:
+        if self.skips_old_log_prob_pass():
+            log.info(
+                "on-policy steps (one mini-batch, actor.ppo_epochs=1, no KL in reward): "
+                "logπ_old = sg(logπ) in the update, no old-log-prob pass"
+            )
+            return None
+        return self.forward_pass("old_log_prob", actor, with_entropy=True)
+
+    def sampling(self) -> Sampling:
+        r = self.cfg.rollout
+        return Sampling(r.sampling, self.cfg.trainer.seed, r.val_temperature)
+
+    def configured_budgets(self) -> dict[str, int | str]:
+        """Each role's budget as the config gives it: a number or ``auto``."""
+        return {role: config_value(self.cfg, r.budget_key) for role, r in ROLES.items()}
+
+    def probe_shape(self) -> ProbeShape:
+        """What the probe of ``auto`` budgets needs of the config."""
+        cfg = self.cfg
+        return ProbeShape(
+            sequence=longest_sequence(cfg),
+            response=cfg.rollout.sampling.max_new_tokens,
+            step_rows=cfg.data.train_batch_size * cfg.rollout.sampling.n // world_size(),
+            quadratic=cfg.model.attn_implementation in QUADRATIC_ATTENTION,
+            memory_limit_gib=cfg.trainer.memory_limit_gib,
+            # vLLM's level-2 sleep drops the weights (only a weight sync brings them back)
+            engine_sleeps=cfg.rollout.engine != "vllm" or cfg.rollout.vllm.sleep_level == 1,
+        )
+
+    def schedulers(self, c: Components, total_steps: int) -> list:
+        """Actor: warm-up then constant/cosine; critic: warm-up then constant."""
+        actor, critic = self.cfg.actor, self.cfg.critic
+        schedulers = [
+            make_scheduler(
+                c.actor.optimizer,
+                warmup_steps=actor.lr_warmup_steps,
+                total_steps=total_steps,
+                kind=actor.lr_scheduler,
+            )
+        ]
+        if c.critic is not None:
+            schedulers.append(
+                make_scheduler(
+                    c.critic.optimizer,
+                    total_steps=total_steps,
+                    warmup_steps=critic.lr_warmup_steps,
+                    kind="constant",
+                )
+            )
+        return schedulers
