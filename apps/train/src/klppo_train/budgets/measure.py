@@ -14,29 +14,16 @@ import ctypes
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from batching import ProbePoint
 from fsdp_sharding import default_device
 from klppo_train.budgets.run_budgets import release_memory as release_cached
 from klppo_train.ppo.components import Components
 from klppo_train.runtime.process_group import world_size
 
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class ProbePoint:
-    """One measured pass: ``budget`` tokens in one micro-batch."""
-
-    budget: int
-    seconds: float
-    memory_gib: float  # peak growth during the pass
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.budget / self.seconds
 
 
 def _proc_kib(field: str, path: str = "/proc/self/status") -> int:

@@ -10,12 +10,20 @@ same number of micro-batches (FSDP's collectives pair up).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from batching import micro_batch_plan, prompt_prefixes
-from fsdp_sharding import clip_grad_norm, load_optimizer, offload_optimizer
+from fsdp_sharding import (
+    clip_grad_norm,
+    load_checkpoint,
+    load_optimizer,
+    offload_optimizer,
+    save_checkpoint,
+)
 from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.ppo.losses import GlobalCounts, MicroBatchLoss
 from klppo_train.ppo.passes import Pass
@@ -47,6 +55,15 @@ class Trainee:
     grad_clip: float = 1.0
     offload_optimizer: bool = False
     share_prompts: bool = False
+
+    def save(self, path: Path, extra_state: dict[str, Any] | None = None) -> None:
+        """Model shards and optimizer state into ``path`` (a collective), with
+        ``extra_state`` (:func:`fsdp_sharding.save_checkpoint`)."""
+        save_checkpoint(path, self.model, self.optimizer, extra_state=extra_state)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """What :meth:`save` wrote; returns its ``extra_state``."""
+        return load_checkpoint(path, self.model, self.optimizer)
 
     def accumulate(self, batch: Trajectories, max_tokens: int) -> dict[str, float]:
         """Backward every micro-batch of ``batch`` into the gradients; ``{name}/*`` metrics,

@@ -1,12 +1,14 @@
 """Trainer checkpoints: everything a run needs to continue exactly where it stopped.
 
-``run_dir/checkpoints/global_step_<N>/`` holds ``actor/`` and ``critic/`` (sharded model +
-optimizer, :func:`fsdp_sharding.save_checkpoint`) and, with the actor, the trainer state:
-step, LR schedulers, KL coefficient, data-loader position, token budgets (as probed or
-backed off: a resumed run neither probes again nor forgets a halving) and RNG states. A
-step directory is written under a temporary name and renamed into place when complete, so
-``resume_mode=auto`` only ever sees whole checkpoints; older ones beyond
-``trainer.max_ckpt_to_keep`` are then deleted.
+``run_dir/checkpoints/global_step_<N>/`` holds one folder per trainee (``actor/``,
+``critic/``: sharded model + optimizer, :meth:`Trainee.save`) and, with the actor, the
+trainer state: the step and every :class:`Stateful` of :func:`stateful` -- each LR
+scheduler, the KL controller, the data-loader position, the token budgets (as probed or
+backed off: a resumed run neither probes again nor forgets a halving) and the RNG states --
+each saving and loading itself (torchtitan's ``Stateful``). A step directory is written
+under a temporary name and renamed into place when complete, so ``resume_mode=auto`` only
+ever sees whole checkpoints; older ones beyond ``trainer.max_ckpt_to_keep`` are then
+deleted.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from fsdp_sharding import load_checkpoint, save_checkpoint
 from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.components import Components
@@ -43,18 +44,47 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def trainer_state(c: Components, schedulers: list, loader: PromptLoader, step: int) -> dict:
-    """The non-model state; RNG states are this rank's (rank 0's are the ones saved)."""
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RNGStates:
+    """This rank's torch and Python RNG states (rank 0's are the ones saved)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+
+
+class BudgetsInForce:
+    """The components' token budgets (None before they are chosen: nothing to save)."""
+
+    def __init__(self, c: Components) -> None:
+        self.c = c
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.c.budgets.state_dict() if self.c.budgets is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.c.budgets = RunBudgets.from_state(state)
+
+
+def stateful(c: Components, schedulers: list, loader: PromptLoader) -> dict[str, Stateful]:
+    """Everything besides the trainees' models and optimizers that a resumed run needs, by
+    the name it is saved under (``schedulers``: one per trainee, in the same order)."""
+    lr = {f"lr_scheduler/{t.name}": s for t, s in zip(c.trainees(), schedulers, strict=True)}
     return {
-        "step": step,
-        "schedulers": [s.state_dict() for s in schedulers],
-        "kl_coef": float(c.kl_controller.value),
-        "loader": loader.state_dict(),
-        "budgets": c.budgets.state_dict() if c.budgets is not None else None,
-        "rng": {
-            "torch": torch.get_rng_state(),
-            "python": random.getstate(),
-        },
+        **lr,
+        "kl_controller": c.kl_controller,
+        "loader": loader,
+        "budgets": BudgetsInForce(c),
+        "rng": RNGStates(),
     }
 
 
@@ -67,10 +97,10 @@ def save_trainer_checkpoint(
     if is_main():
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
-    state = trainer_state(c, schedulers, loader, step)
-    save_checkpoint(tmp / "actor", c.actor.model, c.actor.optimizer, extra_state=state)
-    if c.critic is not None:
-        save_checkpoint(tmp / "critic", c.critic.model, c.critic.optimizer)
+    state = {name: s.state_dict() for name, s in stateful(c, schedulers, loader).items()}
+    c.actor.save(tmp / c.actor.name, {"step": step, **state})  # the trainer state with it
+    for trainee in c.trainees()[1:]:
+        trainee.save(tmp / trainee.name)
     if is_main():
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -103,16 +133,10 @@ def load_trainer_checkpoint(
     path: Path, c: Components, schedulers: list, loader: PromptLoader
 ) -> int:
     """Restore everything :func:`save_trainer_checkpoint` wrote; return the step it was at."""
-    state: dict[str, Any] = load_checkpoint(path / "actor", c.actor.model, c.actor.optimizer)
-    if c.critic is not None:
-        load_checkpoint(path / "critic", c.critic.model, c.critic.optimizer)
-    for scheduler, saved in zip(schedulers, state["schedulers"], strict=True):
-        scheduler.load_state_dict(saved)
-    c.kl_controller.value = state["kl_coef"]
-    loader.load_state_dict(state["loader"])
-    if state.get("budgets") is not None:
-        c.budgets = RunBudgets.from_state(state["budgets"])
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
+    state: dict[str, Any] = c.actor.load(path / c.actor.name)  # the trainer state is there
+    for trainee in c.trainees()[1:]:
+        trainee.load(path / trainee.name)
+    for name, saved in stateful(c, schedulers, loader).items():
+        saved.load_state_dict(state[name])
     log.info("resumed from %s (step %d)", path, state["step"])
     return int(state["step"])
