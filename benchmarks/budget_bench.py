@@ -37,6 +37,7 @@ from klppo_train.budgets.probe import choose_budgets, role_measure
 from klppo_train.budgets.roles import ROLES
 from klppo_train.config.preflight import preflight
 from klppo_train.config.schema import load_config
+from klppo_train.demo.sources import register_sources
 from klppo_train.runtime.process_group import init_distributed
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components
@@ -74,6 +75,7 @@ def main() -> int:
     with_trainer_allocator()  # the probe and the sweep run in this process, as in a run
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the probe's own table
     model, data = prepare()
+    register_sources()  # the recipe names its model and data sources
     with tempfile.TemporaryDirectory(prefix="budget_bench_") as tmp:
         cfg = load_config(
             RECIPE,

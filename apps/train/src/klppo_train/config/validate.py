@@ -13,8 +13,7 @@ from fsdp_sharding import default_device
 from klppo_train.budgets.roles import ROLES, uses_budget
 from klppo_train.budgets.run_budgets import AUTO, longest_sequence
 from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
-from klppo_train.demo.prepare import MODEL_SOURCES
-from klppo_train.demo.tasks import DATA_SOURCES
+from klppo_train.data import sources
 from klppo_train.ppo.algorithm import ADV_ESTIMATORS
 from klppo_train.runtime.allocator import check_allocator
 from klppo_train.runtime.packed_attention import IMPLEMENTATIONS, VARLEN
@@ -33,9 +32,16 @@ CHOICES = {
     "rollout.engine": ("vllm", "hf"),
     "model.dtype": DTYPES,
     "model.attn_implementation": IMPLEMENTATIONS,
-    "model.source": ("", *MODEL_SOURCES),
-    "data.source": ("", *DATA_SOURCES),
 }
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """:data:`CHOICES` and the sources registered now (:mod:`klppo_train.data.sources`)."""
+    return {
+        **CHOICES,
+        "model.source": ("", *sources.MODEL_SOURCES),
+        "data.source": ("", *sources.DATA_SOURCES),
+    }
 
 
 def _get(config: AppConfig, key: str):
@@ -115,7 +121,7 @@ def _check_ranges(cfg: AppConfig) -> None:
     for key, ok, rule in rules:
         if not ok:
             raise ValueError(f"{key} must be {rule}, got {_get(cfg, key)!r}")
-    for key, allowed in CHOICES.items():
+    for key, allowed in _choices().items():
         if _get(cfg, key) not in allowed:
             raise ValueError(f"{key}={_get(cfg, key)!r}; valid: {', '.join(allowed)}")
     attention = cfg.model.attn_implementation

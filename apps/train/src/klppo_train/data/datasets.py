@@ -45,7 +45,7 @@ class DataConfig:
         seed: shuffle seed; epoch e uses ``seed + e``.
         train_batch_size: prompts per training step, across all ranks.
         val_batch_size: prompts per validation batch; None means the whole validation set.
-        source: a built-in dataset (``klppo_train.demo.tasks.DATA_SOURCES``) written at the
+        source: a registered data set (:mod:`klppo_train.data.sources`) written at the
             train/val paths when they are missing (under ``trainer.run_dir/data``); "" = none.
     """
 

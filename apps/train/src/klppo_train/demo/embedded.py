@@ -9,13 +9,19 @@ directory and reused.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from klppo_train.runtime.hf_dirs import save_atomically
+
+log = logging.getLogger("klppo_train")
 
 PAD, EOS, UNK = "[PAD]", "[EOS]", "[UNK]"
 CHAT_TEMPLATE = (
@@ -147,3 +153,34 @@ def warm_up(
             accuracy = answer_accuracy(model, tokenizer, eval_rows)
     model.eval()
     return WarmUpResult(steps=len(losses), losses=losses, accuracy=accuracy)
+
+
+def embedded_model(
+    path: Path,
+    *,
+    train_rows: Sequence[dict[str, Any]],
+    warmup_steps: int,
+    target_accuracy: float,
+    seed: int,
+) -> Path:
+    """Build the embedded model, warm it up (accuracy measured on the last 200 training
+    rows) and save it with its tokenizer at ``path`` (atomically)."""
+    tokenizer = build_tokenizer()
+    model = build_model(len(tokenizer), seed=seed)
+    result = warm_up(
+        model,
+        tokenizer,
+        train_rows,
+        warmup_steps,
+        target_accuracy=target_accuracy,
+        eval_rows=train_rows[-200:],
+        seed=seed,
+    )
+    log.info(
+        "embedded model: %d supervised warm-up steps, loss %.3f → %.3f, accuracy %.2f",
+        result.steps,
+        result.losses[0] if result.losses else float("nan"),
+        result.losses[-1] if result.losses else float("nan"),
+        result.accuracy,
+    )
+    return save_atomically(model, tokenizer, path)

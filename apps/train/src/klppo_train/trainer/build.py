@@ -22,12 +22,11 @@ from transformers import (
 from batching import compiled_group_attention
 from fsdp_sharding import ShardingConfig, default_device, iter_full_state_dict, shard_model
 from klppo_train.config.schema import AppConfig
+from klppo_train.data import sources
 from klppo_train.data.datasets import read_rows
 from klppo_train.data.rewards import RewardManager
-from klppo_train.demo.embedded import build_model, build_tokenizer, warm_up
 from klppo_train.ppo.components import Components
 from klppo_train.runtime.engine import build_engine
-from klppo_train.runtime.hf_dirs import save_atomically
 from klppo_train.runtime.packed_attention import GROUP_ATTENTION, packed_attention_implementation
 from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding
 from klppo_train.trainer.assemble import StepBuilder
@@ -44,27 +43,14 @@ def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
     path = run_dir / "model"
     if (path / "config.json").exists():
         return path
-    tokenizer = build_tokenizer()
-    model = build_model(len(tokenizer), seed=cfg.trainer.seed)
-    rows = read_rows(cfg.data.train_files)
-    # Stop on accuracy over training rows the PPO phase will also see (never the val set).
-    result = warm_up(
-        model,
-        tokenizer,
-        rows,
-        cfg.model.warmup_steps,
+    # Warm-up stops on accuracy over training rows the PPO phase will also see (never val).
+    return sources.embedded().model(
+        path,
+        train_rows=read_rows(cfg.data.train_files),
+        warmup_steps=cfg.model.warmup_steps,
         target_accuracy=cfg.model.warmup_target_accuracy,
-        eval_rows=rows[-200:],
         seed=cfg.trainer.seed,
     )
-    log.info(
-        "embedded model: %d supervised warm-up steps, loss %.3f → %.3f, accuracy %.2f",
-        result.steps,
-        result.losses[0] if result.losses else float("nan"),
-        result.losses[-1] if result.losses else float("nan"),
-        result.accuracy,
-    )
-    return save_atomically(model, tokenizer, path)
 
 
 def _sharded(model, fsdp: ShardingConfig, compute: Precision):
