@@ -2,6 +2,7 @@
 full mini-batch step."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -37,12 +38,13 @@ def critic(seed: int = 1) -> Qwen2ForTokenClassification:
     return Qwen2ForTokenClassification(config)
 
 
-def trainee(name: str, model, loss, optimizer=None) -> Trainee:
+def trainee(name: str, model, loss, optimizer=None, offload: bool = False) -> Trainee:
     return Trainee(
         name=name,
         model=model,
         optimizer=optimizer or torch.optim.SGD(model.parameters(), lr=0.5),
         loss=loss,
+        offload_optimizer=offload,
         update=Pass(name=f"update_{name}"),
         epochs=1,
         rows_per_mini_batch=6,
@@ -135,15 +137,7 @@ def test_critic_micro_batches_reproduce_the_full_batch_step(budget: int) -> None
 
 def test_non_finite_gradient_skips_the_step() -> None:
     batch = make_batch()
-    bad = Trajectories(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        response_mask=batch.response_mask,
-        engine_logprobs=batch.engine_logprobs,
-        prompt_index=batch.prompt_index,
-        old_logprobs=batch.old_logprobs,
-        advantages=batch.advantages * float("nan"),
-    )
+    bad = replace(batch, advantages=batch.advantages * float("nan"))
     model = build_model(VOCAB, seed=0, hidden=64)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = trainee("actor", model, POLICY).optimizer_step(bad, 1000)
@@ -160,11 +154,7 @@ def test_optimizer_offload_keeps_the_state_in_host_memory_between_steps() -> Non
     model = critic().cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_fn = ValueLoss(cliprange_value=0.5, loss_agg_mode="token-mean")
-    offloaded = Trainee(
-        name="critic", model=model, optimizer=optimizer, loss=loss_fn,
-        update=Pass(name="update_critic"), epochs=1, rows_per_mini_batch=6,
-        offload_optimizer=True,
-    )  # fmt: skip
+    offloaded = trainee("critic", model, loss_fn, optimizer, offload=True)
     for _ in range(2):  # the second step loads the offloaded state back first
         offloaded.optimizer_step(batch, 1000)
         states = [t for s in optimizer.state.values() for t in s.values() if t.dim() > 0]
