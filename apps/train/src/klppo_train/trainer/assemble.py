@@ -127,6 +127,7 @@ class StepBuilder:
         resolved algorithm choices and the :class:`StepPlan`."""
         cfg = self.cfg
         kl_controller = make_kl_controller(cfg.algorithm)
+        has_critic = critic is not None
         return Components(
             actor=self.trainee("actor", actor, self.policy_loss()),
             engine=engine,
@@ -149,8 +150,8 @@ class StepBuilder:
             ),
             old_log_prob=self._old_log_prob_pass(actor),
             ref=self.forward_pass("ref", ref) if ref is not None else None,
-            values=self.forward_pass("values", critic, values=True) if critic else None,
-            critic=self.trainee("critic", critic, self.value_loss()) if critic else None,
+            values=self.forward_pass("values", critic, values=True) if has_critic else None,
+            critic=self.trainee("critic", critic, self.value_loss()) if has_critic else None,
             actor_params=actor_params,
         )
 
