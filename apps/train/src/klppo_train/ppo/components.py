@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import nn
 
+from klppo_train.budgets.roles import ROLES
 from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
@@ -65,14 +66,12 @@ class Components:
         return [t for t in (self.actor, self.critic) if t is not None]
 
     def pass_for(self, role: str) -> ForwardPass | Trainee | None:
-        """What the probe measures for ``role`` (its most demanding pass), or None when that
-        pass does not run in this configuration."""
-        return {
-            "actor": self.actor,
-            "critic": self.critic,
-            "ref": self.ref,
-            "rollout": self.old_log_prob,
-        }[role]
+        """What the probe measures for ``role`` (its most demanding pass,
+        ``ROLES[role].probed_pass``), or None when that pass does not run here."""
+        name = ROLES[role].probed_pass
+        forward = [p for p in (self.old_log_prob, self.ref, self.values) if p is not None]
+        updates = [t for t in self.trainees() if t.update.name == name]
+        return next((p for p in forward if p.name == name), updates[0] if updates else None)
 
     def models(self) -> list[nn.Module]:
         """The trained models (actor, then critic)."""

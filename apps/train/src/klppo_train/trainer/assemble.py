@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape
-from klppo_train.budgets.roles import PASS_ROLES, ROLES, config_value, static_micro_batch_size
-from klppo_train.budgets.run_budgets import longest_sequence
+from klppo_train.budgets.roles import PASS_ROLES, ROLES, static_micro_batch_size
+from klppo_train.budgets.run_budgets import configured, longest_sequence
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
@@ -170,7 +170,7 @@ class StepBuilder:
 
     def configured_budgets(self) -> dict[str, int | str]:
         """Each role's budget as the config gives it: a number or ``auto``."""
-        return {role: config_value(self.cfg, r.budget_key) for role, r in ROLES.items()}
+        return {role: configured(self.cfg, role) for role in ROLES}
 
     def probe_shape(self) -> ProbeShape:
         """What the probe of ``auto`` budgets needs of the config."""
