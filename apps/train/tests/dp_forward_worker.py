@@ -3,8 +3,8 @@ log-probs on ranks whose sequences differ in length, so that each rank's own tok
 plan has a different number of micro-batches (rank 0: one, rank 1: two). Every forward is
 an FSDP all-gather: unless the ranks agree on the count, one rank waits for a peer that is
 done (the process group's short timeout turns that hang into a failure) or pairs its
-all-gathers with another pass's. Writes the largest |Δ| against the unsharded model to
-``<out_dir>/rank<r>.json``."""
+all-gathers with another pass's. The same for a sharded reward model's scores. Writes the
+largest |Δ| against the unsharded models to ``<out_dir>/rank<r>.json``."""
 
 import copy
 import json
@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from test_step import scalar_head_model
 from train_testing import prompt_response_batch
 
 from batching import token_budget_micro_batches
 from fsdp_sharding import ShardingConfig, shard_model
 from klppo_train.demo.embedded import build_model
-from klppo_train.ppo.forward import response_logprobs
+from klppo_train.ppo.forward import response_logprobs, response_scores
 from klppo_train.runtime.packed_attention import VARLEN
 
 P, T, VOCAB, BUDGET = 8, 8, 64, 32
@@ -42,7 +43,16 @@ def main(out_dir: Path) -> None:
         want, _ = response_logprobs(reference, ids, mask, T, max_tokens=BUDGET)
     valid = mask[:, P:].bool()
     diff = float((got - want)[valid].abs().max())
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({"own": own, "max_diff": diff}))
+    rm = scalar_head_model(model, seed=2, bias=False)
+    rm.set_attn_implementation(VARLEN)
+    rm_reference = copy.deepcopy(rm).eval()
+    rm_sharded = shard_model(rm, ShardingConfig()).eval()
+    with torch.no_grad():
+        scores = response_scores(rm_sharded, ids, mask, T, max_tokens=BUDGET)
+        alone = response_scores(rm_reference, ids, mask, T, max_tokens=BUDGET)
+    rm_diff = float((scores - alone).abs().max())
+    result = {"own": own, "max_diff": diff, "rm_max_diff": rm_diff}
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -10,7 +10,7 @@ from train_testing import prompt_response_batch
 
 from klppo_train.budgets.faults import FAULTS, parse_faults
 from klppo_train.budgets.probe import choose_budgets
-from klppo_train.budgets.roles import ROLES
+from klppo_train.budgets.roles import ROLES, task_roles
 from klppo_train.budgets.run_budgets import RunBudgets, budgets_from_config, run_with_backoff
 from klppo_train.config.errors import UserError
 from klppo_train.config.schema import load_config
@@ -142,9 +142,12 @@ def test_budgets_json_is_written_on_every_change(tmp_path) -> None:
 # ----------------------------------------------------------------- config and auto
 
 
+WITH_RM = ("reward_model.enable=true", "reward_model.path=rm")  # checked by preflight only
+
+
 def test_auto_is_a_budget_value_and_nothing_else_is() -> None:
-    auto = [f"{role.budget_key}=auto" for role in ROLES.values()]
-    cfg = load_config(None, [*OVERRIDES, *auto])
+    auto = [f"{ROLES[role].budget_key}=auto" for role in task_roles("ppo")]
+    cfg = load_config(None, [*OVERRIDES, *auto, *WITH_RM])
     validate_config(cfg)
     with pytest.raises(ValueError, match="auto"):
         budgets_from_config(cfg)
@@ -163,8 +166,9 @@ def test_auto_is_a_budget_value_and_nothing_else_is() -> None:
 
 def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:
     tokenizer = build_tokenizer()
-    auto = tuple(f"{role.budget_key}=auto" for role in ROLES.values())
-    cfg, c = components(tokenizer, auto)
+    roles = task_roles("ppo")  # the reward model's among them
+    auto = tuple(f"{ROLES[role].budget_key}=auto" for role in roles)
+    cfg, c = components(tokenizer, (*auto, *WITH_RM))
     weights = copy.deepcopy(c.actor.model.state_dict())
     rng = torch.get_rng_state()
     builder = StepBuilder(cfg)
@@ -172,9 +176,9 @@ def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:
         c, builder.configured_budgets(), builder.probe_shape(), tmp_path / "budgets.json"
     )
     minimum = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
-    assert set(chosen.tokens) == set(ROLES) and min(chosen.tokens.values()) >= minimum
-    assert chosen.source == {role: "auto" for role in ROLES}
-    for role in ROLES:
+    assert set(chosen.tokens) == set(roles) and min(chosen.tokens.values()) >= minimum
+    assert chosen.source == {role: "auto" for role in roles}
+    for role in roles:
         found = chosen.probe["roles"][role]
         measured = [p["budget"] for p in found["points"]]
         assert measured[0] == minimum and measured == sorted(measured)
@@ -184,12 +188,14 @@ def test_auto_probes_real_passes_and_leaves_the_run_as_it_was(tmp_path) -> None:
     # actor: 2 prompts × 2 samples per mini-batch; old/ref log-probs: all 8 samples
     assert chosen.probe["roles"]["actor"]["cap"] == 4 * minimum
     assert chosen.probe["roles"]["ref"]["cap"] == 8 * minimum
+    assert chosen.probe["roles"]["reward_model"]["cap"] == 8 * minimum
     assert (tmp_path / "budgets.json").is_file()
     assert torch.equal(torch.get_rng_state(), rng)
     for name, value in c.actor.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
     assert all(p.grad is None for p in c.actor.model.parameters())
     assert all(p.grad is None for p in c.critic.model.parameters())
+    assert all(p.grad is None for p in c.reward_model.scoring.model.parameters())
 
 
 def test_a_memory_limit_that_one_sequence_cannot_meet_fails_naming_the_key() -> None:

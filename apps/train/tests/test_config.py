@@ -354,3 +354,25 @@ def test_explain_documents_every_key_and_loads_back(tmp_path: Path, capsys) -> N
     from klppo_train.cli import default_recipe
 
     assert load_config(recipe) == load_config(default_recipe(), ["actor.lr=3e-6", "rollout.n=4"])
+
+
+def test_verl_reward_model_names() -> None:
+    cfg = load_config(
+        None,
+        [
+            "reward_model.enable=true",
+            "reward_model.model.path=/rm",
+            "reward_model.model.input_tokenizer=null",
+            "reward_model.micro_batch_size_per_gpu=4",
+            "reward_model.model.fsdp_config.param_offload=false",
+            "reward_model.model.use_remove_padding=true",
+            "critic.model.path=/rm",
+        ],
+    )
+    assert cfg.reward_model.path == "/rm" and cfg.critic.model_path == "/rm"
+    assert cfg.reward_model.retemplate == "never" and cfg.reward_model.micro_batch_size_per_gpu == 4
+    tokenizer = load_config(None, ["reward_model.model.input_tokenizer=/policy"])
+    assert tokenizer.reward_model.retemplate == "auto"
+    with pytest.raises(ValueError, match="reward_model.max_length=512: klppo scores"):
+        load_config(None, ["reward_model.max_length=512"])
+    assert load_config(None, ["reward_model.use_dynamic_bsz=null"]).reward_model.use_dynamic_bsz

@@ -34,6 +34,7 @@ def test_forward_passes_agree_on_micro_batch_counts_across_ranks(tmp_path: Path)
     ranks = _torchrun("dp_forward_worker.py", tmp_path)
     assert [r["own"] for r in ranks] == [1, 2]  # the ranks' own plans differ
     assert all(r["max_diff"] < 1e-5 for r in ranks), ranks
+    assert all(r["rm_max_diff"] < 1e-5 for r in ranks), ranks  # the reward model's scores
 
 
 RECIPE = HERE.parent / "recipes" / "default.yaml"

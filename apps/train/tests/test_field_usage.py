@@ -44,11 +44,59 @@ def _reads(tmp_path: Path, name: str, args: list[str]) -> set[str]:
     return set(json.loads(out.read_text()))
 
 
+def _reward_model_recipe(tmp_path: Path) -> Path:
+    """A ``trainer.task=reward_model`` recipe on a tiny model: static micro-batches (which
+    read their size), a warm-up and the centering term. The vLLM run trains it first (its
+    ``reward_model.path`` is missing)."""
+    from test_reward_model import _pairs
+
+    from klppo_train.demo.embedded import build_model, build_tokenizer
+    from klppo_train.reward_model.pairs import check_pair_row
+    from klppo_train.runtime.hf_dirs import save_atomically
+
+    run = tmp_path / "rm"
+    tokenizer = build_tokenizer()
+    save_atomically(build_model(len(tokenizer), seed=0, hidden=64), tokenizer, run / "model")
+    write_parquet(_pairs(32, 0), run / "t.parquet", check_pair_row)
+    write_parquet(_pairs(8, 1), run / "v.parquet", check_pair_row)
+    recipe = {
+        "trainer": {"task": "reward_model", "run_dir": str(run), "total_training_steps": 2},
+        "model": {"path": str(run / "model")},
+        "data": {
+            "train_files": [str(run / "t.parquet")],
+            "val_files": [str(run / "v.parquet")],
+            "max_prompt_length": 32,
+            "train_batch_size": 8,
+        },
+        "reward_training": {
+            "max_response_length": 8,
+            "use_dynamic_bsz": False,
+            "micro_batch_size_per_gpu": 4,
+            "lr_warmup_steps": 1,
+            "center_rewards_coefficient": 0.01,
+        },
+    }
+    (run / "recipe.yaml").write_text(json.dumps(recipe))  # JSON is YAML
+    return run / "recipe.yaml"
+
+
 def _vllm_run(tmp_path: Path) -> list[str]:
     """The embedded default's choices: GAE + critic, adaptive KL in the reward, budgets
-    (one of them ``auto``: probed, which reads ``trainer.memory_limit_gib``)."""
+    (one of them ``auto``: probed, which reads ``trainer.memory_limit_gib``); a reward model
+    (trained first by :func:`_reward_model_recipe`) scoring (normalized on the reference's
+    samples, combined with the rule) and starting the critic."""
     run = tmp_path / "a"
+    rm = tmp_path / "rm_served"  # missing: the recipe trains it, its export is copied here
     return [
+        "reward_model.enable=true",
+        f"reward_model.path={rm}",
+        f"reward_model.source={_reward_model_recipe(tmp_path)}",
+        "reward_model.normalize=reference",
+        "reward_model.normalize_samples=8",
+        "reward_model.combine=sum",
+        "reward_model.use_dynamic_bsz=false",
+        "reward_model.missing_eos_penalty=0.5",
+        f"critic.model_path={rm}",
         f"trainer.run_dir={run}",
         f"data.train_files=[{run}/data/train.parquet]",
         f"data.val_files=[{run}/data/val.parquet]",
@@ -100,11 +148,12 @@ def _hf_run(tmp_path: Path) -> list[str]:
     ]
 
 
-@pytest.mark.slow  # two short real runs (one starts vLLM)
+@pytest.mark.slow  # two short real runs (one starts vLLM, after training a reward model)
 def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
     reads = _reads(tmp_path, "vllm", _vllm_run(tmp_path)) | _reads(
         tmp_path, "hf", _hf_run(tmp_path)
     )
+    assert (tmp_path / "rm_served" / "config.json").is_file()  # trained first, then copied
     every = {f"{cls.__name__}.{f.name}" for cls in config_classes() for f in fields(cls)}
     sections = {
         f"{cls.__name__}.{f.name}"
@@ -120,6 +169,8 @@ def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
             "rollout",
             "algorithm",
             "reward",
+            "reward_model",
+            "reward_training",
             "trainer",
             "fsdp",
             "kl_ctrl",

@@ -4,6 +4,7 @@ row, and no traceback: bad configurations, recipes and data files, run through `
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,7 +42,8 @@ def run(tmp_path, monkeypatch):
     def reached_train(*args, **kwargs):
         raise AssertionError("a model would load: the error was not caught before train()")
 
-    monkeypatch.setattr(entry, "train", reached_train)
+    for task, steps in entry.TASKS.items():  # PPO and reward-model runs
+        monkeypatch.setitem(entry.TASKS, task, steps._replace(train=reached_train))
 
     def call(*args: str) -> int:
         base = [
@@ -306,3 +308,62 @@ def test_embedded_default_generates_data_only_at_its_own_paths(run, capsys, tmp_
 def test_debug_shows_the_traceback(run) -> None:
     with pytest.raises(Exception, match="actor.grad_clip must be > 0"):
         run("actor.grad_clip=0", "--debug")
+
+
+# ------------------------------------------------------------------ the reward model
+
+
+def _exit_2_matching(run, capsys, args, pattern) -> None:
+    assert run(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "\n" not in err, err
+    assert re.search(pattern, err), err
+
+
+def _tiny_model_dir(path: Path, reward_model: bool = False, stats: bool = False) -> Path:
+    """A saved tiny model; ``reward_model``: its config says it is one (a sequence
+    classifier with one label; the weights do not matter before any model loads)."""
+    import json
+
+    from klppo_train.demo.embedded import build_model, build_tokenizer
+    from klppo_train.runtime.hf_dirs import save_atomically
+
+    tokenizer = build_tokenizer()
+    save_atomically(build_model(len(tokenizer), seed=0, hidden=64), tokenizer, path)
+    if reward_model:
+        config = json.loads((path / "config.json").read_text())
+        config.update(architectures=["Qwen2ForSequenceClassification"], id2label={"0": "L"})
+        config.update({"mean": 0.5, "std": 2.0} if stats else {})
+        (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_bad_preference_data_exits_2_naming_the_row(run, capsys, tmp_path) -> None:
+    model = _tiny_model_dir(tmp_path / "model")
+    capsys.readouterr()  # its save's progress bar
+    good = {"prompt": "1+1=", "chosen": "2", "rejected": "3"}
+    path = _raw_parquet(tmp_path / "pairs.parquet", [good] * 3 + [{**good, "chosen": ""}])
+    args = ["trainer.task=reward_model", f"model.path={model}", f"data.train_files=[{path}]"]
+    _exit_2_matching(run, capsys, args, rf"data.train_files: {path} row 3: 'chosen'")
+    ppo_rows = ["trainer.task=reward_model", f"model.path={model}"]  # the fixture's PPO rows
+    _exit_2_matching(run, capsys, ppo_rows, r"row 0: 'chosen' must be")
+
+
+def test_a_bad_reward_model_directory_exits_2(run, capsys, tmp_path) -> None:
+    causal = _tiny_model_dir(tmp_path / "causal")
+    bare = _tiny_model_dir(tmp_path / "bare", reward_model=True)
+    capsys.readouterr()  # their saves' progress bars
+    on = ["reward_model.enable=true"]
+    cases = [
+        ([f"reward_model.path={tmp_path / 'none'}"], "reward_model.path=.*no HF model directory"),
+        ([f"reward_model.path={causal}"], "reward_model.path=.*not a reward model"),
+        (
+            [f"reward_model.path={bare}", "reward_model.normalize=stored"],
+            "reward_model.normalize=stored: .* holds no mean/std",
+        ),
+        ([], "reward_model.enable=true needs reward_model.path"),
+    ]
+    for args, match in cases:
+        _exit_2_matching(run, capsys, [*on, *args], match)
+    critic = [f"critic.model_path={tmp_path / 'none'}"]
+    _exit_2_matching(run, capsys, critic, "critic.model_path=.*no HF model directory")

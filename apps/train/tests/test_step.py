@@ -6,7 +6,7 @@ import math
 import torch
 from transformers import Qwen2ForTokenClassification
 
-from klppo_train.budgets.roles import ROLES
+from klppo_train.budgets.roles import run_roles
 from klppo_train.budgets.run_budgets import AUTO, budgets_from_config, configured
 from klppo_train.config.schema import load_config
 from klppo_train.config.validate import validate_config
@@ -40,18 +40,27 @@ OVERRIDES = [
 ]
 
 
+def scalar_head_model(actor, seed: int, bias: bool = True) -> Qwen2ForTokenClassification:
+    """A one-label token classifier on a copy of ``actor``'s config (a critic; without
+    ``bias``, a reward model's layout), its head and backbone drawn from ``seed``."""
+    config = copy.deepcopy(actor.config)
+    config.num_labels, config.classifier_dropout = 1, 0.0
+    config.token_classification_bias = bias
+    torch.manual_seed(seed)
+    return Qwen2ForTokenClassification(config)
+
+
 def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
     """``(cfg, Components)`` around plain (unsharded) tiny models, built by the trainer's
     own :class:`klppo_train.trainer.assemble.StepBuilder` from the config with ``extra``
-    overrides."""
+    overrides (``reward_model.enable=true``: a random reward model too)."""
     actor = build_model(len(tokenizer), seed=0, hidden=64)
-    config = copy.deepcopy(actor.config)
-    config.num_labels, config.classifier_dropout = 1, 0.0
-    torch.manual_seed(1)
-    critic = Qwen2ForTokenClassification(config)
-    for model in (actor, critic):  # as the trainer builds them (model.share_prompts needs it)
-        model.set_attn_implementation(VARLEN)
+    critic = scalar_head_model(actor, seed=1)
     cfg = load_config(None, [*OVERRIDES, *extra])
+    rm = scalar_head_model(actor, seed=2, bias=False) if cfg.reward_model.enable else None
+    for model in (actor, critic, rm):  # as the trainer builds them (share_prompts needs it)
+        if model is not None:
+            model.set_attn_implementation(VARLEN)
     validate_config(cfg)
     engine = HFEngine(copy.deepcopy(actor), HFEngineConfig(pad_token_id=0, eos_token_ids=(1,)))
     c = StepBuilder(cfg).components(
@@ -62,8 +71,10 @@ def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
         rewards=RewardManager(),
         ref=copy.deepcopy(actor).eval(),
         critic=critic,
+        reward_model=rm.eval() if rm is not None else None,
+        rm_tokenizer=tokenizer,
     )
-    if not any(configured(cfg, role) == AUTO for role in ROLES):  # else the probe's to set
+    if not any(configured(cfg, role) == AUTO for role in run_roles(cfg)):  # else the probe's
         c.budgets = budgets_from_config(cfg)
     return cfg, c
 

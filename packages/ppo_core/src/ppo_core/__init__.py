@@ -10,7 +10,8 @@ Plain functions with explicit arguments, so they drop into any training loop:
 - advantages: :func:`compute_gae`, :func:`compute_grpo_advantages`,
   :func:`compute_rloo_advantages`, :func:`compute_reinforce_pp_advantages`
 - losses: :func:`aggregate_loss`, :func:`policy_loss`, :func:`value_loss`
-- rewards: :func:`token_level_scores` (a sequence's score on its last response token)
+- rewards: :func:`token_level_scores` (a sequence's score on its last response token),
+  :func:`pairwise_reward_loss` (a reward model's Bradley–Terry loss)
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -32,7 +33,7 @@ from ppo_core.losses import (
     value_loss,
 )
 from ppo_core.masked import SumOverRanks, masked_mean, masked_sum, masked_var, masked_whiten
-from ppo_core.rewards import token_level_scores
+from ppo_core.rewards import pairwise_reward_loss, token_level_scores
 
 try:
     __version__ = version("klppo-ppo-core")
@@ -60,6 +61,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "SumOverRanks",
+    "pairwise_reward_loss",
     "policy_loss",
     "token_level_scores",
     "value_loss",

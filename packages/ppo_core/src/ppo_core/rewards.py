@@ -1,4 +1,4 @@
-"""Sequence rewards placed on tokens."""
+"""Sequence rewards placed on tokens, and the reward model's pairwise loss."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ppo_core._checks import check_ndim
+from ppo_core._checks import check_ndim, check_same_shape
 
 
 def token_level_scores(
@@ -38,3 +38,48 @@ def token_level_scores(
     rows = (last >= 0).nonzero(as_tuple=True)[0]
     out[rows, last[rows]] = scores[rows]
     return out
+
+
+def pairwise_reward_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | float | None = None,
+    center_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Bradley–Terry loss of a reward model on preference pairs (InstructGPT's RM loss,
+    OpenRLHF's ``PairWiseLoss``, TRL's ``RewardTrainer`` with its centering term).
+
+    loss = mean_b[ −log σ(r_c[b] − r_r[b] − m[b]) ] + c · mean_b[ (r_c[b] + r_r[b])² ]
+
+    The margin ``m`` (Llama 2's: how much better the chosen response is rated) asks the
+    chosen score to lead by at least ``m``; the centering term (``center_coef``, c; 0.01 in
+    Eisenstein et al., 2023) keeps the scores near 0 — the loss sees only differences, so
+    without it their level drifts freely.
+
+    Args:
+        chosen: ``[B]`` scores of the preferred responses.
+        rejected: ``[B]`` scores of the other responses of the same prompts.
+        margin: ``[B]`` or a number; None = 0.
+        center_coef: c ≥ 0.
+
+    Returns:
+        ``(loss, metrics)``: the scalar loss (differentiable) and detached ``accuracy``
+        (share of pairs with r_c > r_r; ties count as wrong), ``margin`` (mean r_c − r_r),
+        ``chosen``/``rejected`` (mean scores).
+    """
+    check_ndim("chosen", chosen, 1, "[B]")
+    check_same_shape(("chosen", chosen), ("rejected", rejected))
+    if center_coef < 0:
+        raise ValueError(f"center_coef must be >= 0, got {center_coef}")
+    diff = chosen.float() - rejected.float()
+    shifted = diff if margin is None else diff - torch.as_tensor(margin, device=diff.device)
+    loss = -torch.nn.functional.logsigmoid(shifted).mean()
+    if center_coef:
+        loss = loss + center_coef * (chosen.float() + rejected.float()).pow(2).mean()
+    metrics = {
+        "accuracy": (diff > 0).float().mean().detach(),
+        "margin": diff.mean().detach(),
+        "chosen": chosen.float().mean().detach(),
+        "rejected": rejected.float().mean().detach(),
+    }
+    return loss, metrics

@@ -51,7 +51,8 @@ class ProbeShape:
     (``max_prompt_length + response_length``), the response width T, the step's rows per
     rank and the trainees' epochs, the attention (dense masks grow with tokens²), the
     memory limit and whether the engine keeps its weights asleep (then it sleeps while the
-    passes are measured, as in a step)."""
+    passes are measured, as in a step). ``unit_rows``: the sequences the smallest
+    micro-batch holds (2 for a reward model's preference pair)."""
 
     sequence: int
     response: int
@@ -59,6 +60,12 @@ class ProbeShape:
     quadratic: bool = False
     memory_limit_gib: float = 0.0
     engine_sleeps: bool = True
+    unit_rows: int = 1
+
+    @property
+    def minimum(self) -> int:
+        """The smallest budget: one unit (sequence or pair) of full length."""
+        return self.sequence * self.unit_rows
 
     def cap(self, role_pass: ForwardPass | Trainee) -> int:
         """The most tokens one micro-batch of the pass can hold: a rank's mini-batch
@@ -113,7 +120,7 @@ def role_measure(
     memory over the base :class:`PassMeter` took after a warm-up pass (first calls set up
     kernels), agreed over the ranks."""
     run = run_pass(role_pass)
-    run(synthetic(shape, 1, vocab, seed=0), shape.sequence)
+    run(synthetic(shape, shape.unit_rows, vocab, seed=0), shape.minimum)
     meter = PassMeter()
 
     def measure(budget: int) -> ProbePoint:
@@ -130,7 +137,7 @@ def probe_role(
     start = time.perf_counter()
     found = search_budget(
         role_measure(role_pass, shape, vocab),
-        minimum=shape.sequence,
+        minimum=shape.minimum,
         cap=shape.cap(role_pass),
         allowance=allowance,
         step_tokens=shape.step_tokens(role_pass),
@@ -143,7 +150,8 @@ def probe_role(
 def _too_small(role: str, shape: ProbeShape, found: dict, memory: dict) -> UserError:
     need = found["points"][0]["memory_gib"]
     return UserError(
-        f"{ROLES[role].budget_key}=auto: one sequence of {shape.sequence} tokens needs "
+        f"{ROLES[role].budget_key}=auto: {shape.unit_rows} sequence(s) of {shape.sequence} "
+        "tokens need "
         f"{need:.2f} GiB, more than the {memory['allowance_gib']:.2f} GiB left under "
         f"trainer.memory_limit_gib={shape.memory_limit_gib:g} ({memory['limit_gib']:.2f} "
         f"GiB, {memory['in_use_gib']:.2f} in use, {memory['optimizer_state_gib']:.2f} for "
@@ -165,7 +173,7 @@ def choose_budgets(
         probed[role] = (
             (found["chosen"], "auto") if found else (3 * shape.sequence, "auto (pass not run)")
         )
-    budgets = resolve_budgets(configured, shape.sequence, path, probed)
+    budgets = resolve_budgets(configured, shape.minimum, path, probed)
     budgets.probe = probe
     budgets.write()
     return budgets

@@ -13,6 +13,10 @@ budget key                             role     passes                     probe
 ``critic.ppo_max_token_len_per_gpu``   critic   values, update_critic      update_critic
 ``ref.log_prob_max_token_len_per_gpu`` ref      ref                        ref
 ``rollout.log_prob_max_token_len_...`` rollout  old_log_prob               old_log_prob
+``reward_model.forward_max_token_...`` reward_  reward_model               reward_model
+                                       model
+``reward_training.max_token_len_...``  reward_  update_reward_model        update_reward_model
+                                       training (trainer.task=reward_model only)
 ====================================== ======== ========================== ================
 
 This module holds names only (no torch, no config import): the checks that run before any
@@ -35,6 +39,7 @@ class Role:
     dynamic_key: str  # verl's use_dynamic_bsz: false = fixed micro-batch sizes
     micro_batch_key: str  # sequences per micro-batch when not dynamic
     probed_pass: str
+    task: str = "ppo"  # the trainer.task whose runs have this role
 
 
 ROLES: dict[str, Role] = {
@@ -68,6 +73,21 @@ ROLES: dict[str, Role] = {
             "rollout.log_prob_micro_batch_size_per_gpu",
             "old_log_prob",
         ),
+        Role(
+            "reward_model",
+            "reward_model.forward_max_token_len_per_gpu",
+            "reward_model.use_dynamic_bsz",
+            "reward_model.micro_batch_size_per_gpu",
+            "reward_model",
+        ),
+        Role(
+            "reward_training",
+            "reward_training.max_token_len_per_gpu",
+            "reward_training.use_dynamic_bsz",
+            "reward_training.micro_batch_size_per_gpu",
+            "update_reward_model",
+            task="reward_model",
+        ),
     )
 }
 
@@ -78,7 +98,21 @@ PASS_ROLES: dict[str, str] = {
     "values": "critic",
     "update_actor": "actor",
     "update_critic": "critic",
+    "reward_model": "reward_model",
+    "update_reward_model": "reward_training",
 }
+
+
+def task_roles(task: str) -> list[str]:
+    """The roles of ``trainer.task``'s runs."""
+    return [name for name, role in ROLES.items() if role.task == task]
+
+
+def run_roles(cfg: Any) -> list[str]:
+    """The roles whose budgets this run has: its task's (the reward model's only when
+    ``reward_model.enable``)."""
+    roles = task_roles(cfg.trainer.task)
+    return [r for r in roles if r != "reward_model" or cfg.reward_model.enable]
 
 
 def config_value(cfg: Any, key: str) -> Any:

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 
 from klppo_train.budgets.faults import FAULTS
-from klppo_train.budgets.roles import PASS_ROLES, ROLES, config_value
+from klppo_train.budgets.roles import PASS_ROLES, ROLES, config_value, run_roles
 
 log = logging.getLogger("klppo_train")
 T = TypeVar("T")
@@ -45,7 +45,10 @@ def configured(cfg: Any, role: str) -> int | str:
 
 
 def longest_sequence(cfg: Any) -> int:
-    """The rule's minimum: a micro-batch must hold one prompt + response of full length."""
+    """The rule's minimum: a micro-batch must hold one prompt + response of full length (a
+    reward-model run: one pair, two of them)."""
+    if cfg.trainer.task == "reward_model":
+        return 2 * (cfg.data.max_prompt_length + cfg.reward_training.max_response_length)
     return cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
 
 
@@ -141,7 +144,7 @@ def budgets_from_config(
     cfg: Any, path: Path | None = None, probed: dict[str, tuple[int, str]] | None = None
 ) -> RunBudgets:
     """The config's budgets (:func:`resolve_budgets` of each role's key)."""
-    values = {role: configured(cfg, role) for role in ROLES}
+    values = {role: configured(cfg, role) for role in run_roles(cfg)}
     return resolve_budgets(values, longest_sequence(cfg), path, probed)
 
 

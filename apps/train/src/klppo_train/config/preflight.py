@@ -9,6 +9,7 @@ key, file or row; ``main`` prints it and exits 2 (``--debug`` shows the tracebac
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from klppo_train.config.validate import validate_config
 from klppo_train.data import sources
 from klppo_train.data.datasets import PromptDataset, read_rows
 from klppo_train.data.rewards import RewardManager
+from klppo_train.reward_model.hf_dir import is_reward_model_dir, stored_normalization
+from klppo_train.reward_model.pairs import PairDataset, read_pairs
 from klppo_train.runtime.hf_dirs import load_tokenizer
 
 log = logging.getLogger("klppo_train")
@@ -35,6 +38,7 @@ class Checked:
     train: PromptDataset
     val: PromptDataset
     rewards: RewardManager
+    rm_tokenizer: Any = None  # the reward model's (reward_model.enable)
 
 
 def _tokenizer(cfg: AppConfig):
@@ -78,9 +82,13 @@ def _dataset(cfg: AppConfig, key: str, tokenizer) -> PromptDataset:
 
 def _rewards(cfg: AppConfig, datasets: dict[str, PromptDataset]) -> RewardManager:
     """The run's reward manager (a custom reward is loaded here, once), checked to score
-    every ``data_source`` of the data."""
+    every ``data_source`` of the data -- unless the reward model's score alone is the reward
+    (``reward_model.combine=rm``): then a source without a rule is only not validated by
+    one."""
     with user_errors("reward.custom: "):
         rewards = RewardManager(cfg.reward.custom or None, cfg.reward.strict)
+    if cfg.reward_model.enable and cfg.reward_model.combine == "rm":
+        return rewards
     for key, dataset in datasets.items():
         for item in dataset.items:
             with user_errors(f"data.{key} row {item.index}: "):
@@ -93,12 +101,51 @@ def _prepare(cfg: AppConfig) -> None:
     sources.prepare_model(cfg.model.source, Path(cfg.model.path).expanduser())
     files = [Path(p).expanduser() for p in (*cfg.data.train_files, *cfg.data.val_files)]
     data_dir = Path(cfg.trainer.run_dir).expanduser() / "data"
-    sources.prepare_data(cfg.data.source, files, data_dir, embedded_data=not cfg.model.path)
+    sources.prepare_data(
+        cfg.data.source, files, data_dir, not cfg.model.path, Path(cfg.model.path).expanduser()
+    )
 
 
-def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
-    """All checks, in order: config (unless the caller ran :func:`validate_config` and
-    passes its ``advice``), model directory + tokenizer, data, rewards."""
+@dataclass(frozen=True)
+class CheckedPairs:
+    """What the checks of a reward-model run (``trainer.task=reward_model``) produced."""
+
+    advice: list[str]
+    tokenizer: Any
+    train: PairDataset
+    val: PairDataset
+
+
+def _pairs(cfg: AppConfig, key: str, tokenizer) -> PairDataset:
+    files = getattr(cfg.data, key)
+    with user_errors(f"data.{key}: "):
+        rows = read_pairs(files) if files else []
+    pairs = PairDataset(
+        rows, tokenizer, cfg.data.max_prompt_length, cfg.reward_training.max_response_length
+    )
+    if pairs.num_filtered:
+        log.info(
+            "data.%s: dropped %d of %d pairs whose prompt is longer than "
+            "data.max_prompt_length=%d", key, pairs.num_filtered, len(rows),
+            cfg.data.max_prompt_length,
+        )  # fmt: skip
+    if rows and not len(pairs):
+        raise UserError(f"data.{key}: every prompt is longer than data.max_prompt_length")
+    return pairs
+
+
+def preflight_pairs(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None):
+    """:func:`preflight` of a reward-model run: config, model directory + tokenizer, the
+    preference pairs row by row (:mod:`klppo_train.reward_model.pairs`)."""
+    if not cfg.model.path:
+        raise UserError("model.path is empty: trainer.task=reward_model starts from a HF model")
+    return CheckedPairs(*_checked_data(cfg, world_size, advice, _pairs, "pairs"))
+
+
+def _checked_data(cfg: AppConfig, world_size: int, advice, read, unit: str) -> tuple:
+    """What both tasks check first: ``(advice, tokenizer, train, val)`` -- the config
+    (unless the caller ran :func:`validate_config` and passes its ``advice``), the sources,
+    the tokenizer, the data (``read(cfg, key, tokenizer)``) and one full batch of ``unit``."""
     if advice is None:
         with user_errors():
             advice = validate_config(cfg, world_size)
@@ -107,13 +154,76 @@ def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = No
         _prepare(cfg)
     tokenizer = _tokenizer(cfg)
     if not cfg.data.train_files:
-        raise UserError("data.train_files is empty: give the parquet files of the prompts")
-    train = _dataset(cfg, "train_files", tokenizer)
-    val = _dataset(cfg, "val_files", tokenizer)
+        raise UserError(f"data.train_files is empty: give the parquet files of the {unit}")
+    train = read(cfg, "train_files", tokenizer)
+    val = read(cfg, "val_files", tokenizer)
     if len(train) < cfg.data.train_batch_size:
         raise UserError(
-            f"data.train_files: {len(train)} usable prompts, fewer than one batch of "
+            f"data.train_files: {len(train)} usable {unit}, fewer than one batch of "
             f"data.train_batch_size={cfg.data.train_batch_size}"
         )
+    return advice, tokenizer, train, val
+
+
+def _reward_model_dir(cfg: AppConfig, key: str, path_str: str):
+    """A reward model's directory, checked (``key`` names it); its tokenizer."""
+    path = Path(path_str).expanduser()
+    if not (path / "config.json").is_file():
+        raise UserError(f"{key}={path_str!r}: no HF model directory (config.json) there")
+    with user_errors(f"{key}={path_str!r}: "):
+        config = json.loads((path / "config.json").read_text())
+        labels = len(config.get("id2label") or {"0": ""})  # transformers stores these
+        if not is_reward_model_dir(path) or labels != 1:
+            raise ValueError(
+                "not a reward model (an AutoModelForSequenceClassification with num_labels=1, "
+                "e.g. the reward_model_hf of a trainer.task=reward_model run)"
+            )
+        return load_tokenizer(path)
+
+
+def _reward_model_checks(cfg: AppConfig, tokenizer):
+    """The reward model (``reward_model.enable``) and a critic started from another model
+    (``critic.model_path``): their directories and tokenizers; the RM's tokenizer."""
+    if cfg.critic.model_path:
+        critic_tokenizer = _critic_tokenizer(cfg)
+        if critic_tokenizer is not None and critic_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise UserError(
+                f"critic.model_path={cfg.critic.model_path!r}: its tokenizer differs from the "
+                "policy's (the critic reads the policy's token ids)"
+            )
+    rm = cfg.reward_model
+    if not rm.enable:
+        return None
+    rm_tokenizer = _reward_model_dir(cfg, "reward_model.path", rm.path)
+    if rm.normalize == "stored" and stored_normalization(Path(rm.path).expanduser()) is None:
+        raise UserError(
+            f"reward_model.normalize=stored: {rm.path}/config.json holds no mean/std (use "
+            "normalize=reference or none)"
+        )
+    if rm.retemplate == "never" and rm_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise UserError(
+            "reward_model.retemplate=never: the reward model's vocabulary differs from the "
+            "policy's, so it cannot read the policy's token ids (use auto)"
+        )
+    return rm_tokenizer
+
+
+def _critic_tokenizer(cfg: AppConfig):
+    path = Path(cfg.critic.model_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise UserError(
+            f"critic.model_path={cfg.critic.model_path!r}: no HF model directory (config.json)"
+        )
+    if not (path / "tokenizer_config.json").is_file():
+        return None
+    with user_errors(f"critic.model_path={cfg.critic.model_path!r}: "):
+        return load_tokenizer(path)
+
+
+def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
+    """All checks, in order: config (unless the caller ran :func:`validate_config` and
+    passes its ``advice``), model directory + tokenizer, data, rewards."""
+    advice, tokenizer, train, val = _checked_data(cfg, world_size, advice, _dataset, "prompts")
     rewards = _rewards(cfg, {"train_files": train, "val_files": val})
-    return Checked(advice, tokenizer, train, val, rewards)
+    rm_tokenizer = _reward_model_checks(cfg, tokenizer)
+    return Checked(advice, tokenizer, train, val, rewards, rm_tokenizer)

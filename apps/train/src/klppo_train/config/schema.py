@@ -132,6 +132,10 @@ class CriticConfig:
 
     enable: bool = True
     """Build a critic (gae needs one; grpo, rloo, reinforce_plus_plus do not)."""
+    model_path: str = ""
+    """The model the critic starts from: "" = the actor's model.path (a fresh value head), or
+    a reward model's directory (its backbone and score head: InstructGPT's and OpenRLHF's
+    value function initialised from the reward model). verl: critic.model.path."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step, over all ranks; × rollout.n samples."""
     use_dynamic_bsz: bool | None = None
@@ -234,11 +238,93 @@ class RewardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RewardModelConfig:
+    """A learned reward model scoring the step's responses (verl's reward_model.*): frozen,
+    FSDP-sharded like the reference, its score read at each response's last token
+    (klppo_train.reward_model.serve)."""
+
+    enable: bool = False
+    """Score responses with the reward model at reward_model.path."""
+    path: str = ""
+    """A HF AutoModelForSequenceClassification directory (num_labels=1), e.g. the
+    reward_model_hf of a trainer.task=reward_model run. verl: reward_model.model.path."""
+    source: str = ""
+    """A reward-model recipe (YAML, trainer.task=reward_model) trained first, with its export
+    written to reward_model.path, when that directory is missing; "" = none (an error)."""
+    retemplate: str = "auto"
+    """Render the conversation with the reward model's own tokenizer and chat template: auto
+    (when its tokenizer or template differs from the policy's) | always | never (score the
+    policy's token ids). verl: reward_model.model.input_tokenizer (null = never)."""
+    use_dynamic_bsz: bool | None = None
+    """None = as actor.use_dynamic_bsz; false = fixed micro-batches."""
+    micro_batch_size_per_gpu: int = 16
+    """Sequences per micro-batch of the scoring pass in static mode."""
+    forward_max_token_len_per_gpu: int | str = 8192
+    """Tokens per micro-batch of the scoring pass, or auto (its own role in the probe and the
+    OOM back-off)."""
+    normalize: str = "none"
+    """none | stored (the mean/std the reward model's config holds: its validation scores) |
+    reference (Ziegler et al.: measured at start-up on samples of the reference policy, so
+    they score mean 0 / std 1; kept in the run directory and the checkpoints)."""
+    normalize_samples: int = 256
+    """normalize=reference: responses sampled (to training prompts) for the statistics."""
+    clip_range: float = 10.0
+    """The (normalized) score is clipped to [-clip_range, clip_range] (OpenRLHF's ±10);
+    0 = no clipping."""
+    missing_eos_penalty: float = 0.0
+    """Subtracted from the score of a response that did not end with EOS or one of
+    rollout.sampling.stop_token_ids (cut at the response length); 0 = none."""
+    combine: str = "rm"
+    """What the PPO reward is: rm (the reward model's score alone: verl's) | rule (the
+    data's rule reward alone; the reward model's score is still reported) | sum
+    (reward-model score + rule_weight × rule reward)."""
+    rule_weight: float = 1.0
+    """combine=sum: the rule reward's weight."""
+    fsdp: ShardingConfig = field(default_factory=ShardingConfig)
+    """How the reward model is sharded (fsdp_sharding.ShardingConfig)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardTrainingConfig:
+    """trainer.task=reward_model: training a reward model on preference pairs (Bradley–Terry,
+    ppo_core.pairwise_reward_loss) from model.path's backbone with a bias-free scalar head."""
+
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up steps of the learning rate."""
+    lr_scheduler: str = "constant"
+    """After the warm-up: constant | cosine (down to 0 at the last step)."""
+    grad_clip: float = 1.0
+    """Gradient norm bound; a non-finite norm skips the optimizer step."""
+    center_rewards_coefficient: float = 0.0
+    """c of the centering term c·mean((r_c + r_r)²) (TRL's; 0.01 in Eisenstein et al.)."""
+    max_response_length: int = 256
+    """Responses are cut to this many tokens (the score is then read at the last kept
+    token, as PPO reads it on a response cut at rollout.response_length)."""
+    use_dynamic_bsz: bool | None = None
+    """None = as actor.use_dynamic_bsz; false = fixed micro-batches of
+    micro_batch_size_per_gpu sequences (an even number: whole pairs)."""
+    micro_batch_size_per_gpu: int = 8
+    """Sequences (two per pair) per micro-batch in static mode."""
+    max_token_len_per_gpu: int | str = 8192
+    """Tokens per micro-batch of the update (whole pairs), or auto."""
+    fsdp: ShardingConfig = field(default_factory=ShardingConfig)
+    """How the reward model is sharded while it trains (fsdp_sharding.ShardingConfig)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
     """The run: its length, directory, seeds, checkpoints and machine."""
 
+    task: str = "ppo"
+    """What the run trains: ppo (a policy) | reward_model (a reward model on preference
+    pairs: reward_training.*; data.train_batch_size counts pairs)."""
     total_training_steps: int = 0
-    """PPO steps; 0 = total_epochs over the training prompts."""
+    """Steps (PPO, or reward-model optimizer steps); 0 = total_epochs over the training
+    prompts (pairs)."""
     total_epochs: int = 1
     """Epochs over the training prompts when total_training_steps is 0."""
     run_dir: str = "runs/default"
@@ -288,6 +374,8 @@ class AppConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward_training: RewardTrainingConfig = field(default_factory=RewardTrainingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -415,8 +503,8 @@ def _failing_section(node: DictConfig, path: str) -> str | None:
 
 
 def _follow_actor_dynamic_bsz(cfg: AppConfig) -> AppConfig:
-    """verl's defaults: the critic's, reference's and rollout's ``use_dynamic_bsz`` switches
-    follow ``actor.use_dynamic_bsz`` unless set."""
+    """verl's defaults: the critic's, reference's, rollout's and reward model's
+    ``use_dynamic_bsz`` switches follow ``actor.use_dynamic_bsz`` unless set."""
     mode = cfg.actor.use_dynamic_bsz
 
     def follow(section, key):
@@ -427,6 +515,8 @@ def _follow_actor_dynamic_bsz(cfg: AppConfig) -> AppConfig:
         critic=follow(cfg.critic, "use_dynamic_bsz"),
         ref=follow(cfg.ref, "log_prob_use_dynamic_bsz"),
         rollout=follow(cfg.rollout, "log_prob_use_dynamic_bsz"),
+        reward_model=follow(cfg.reward_model, "use_dynamic_bsz"),
+        reward_training=follow(cfg.reward_training, "use_dynamic_bsz"),
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from batching import check_token_budgets
 from fsdp_sharding import default_device
-from klppo_train.budgets.roles import ROLES, uses_budget
+from klppo_train.budgets.roles import ROLES, run_roles, uses_budget
 from klppo_train.budgets.run_budgets import AUTO, longest_sequence
 from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
 from klppo_train.data import sources
@@ -32,6 +32,11 @@ CHOICES = {
     "rollout.engine": ("vllm", "hf"),
     "model.dtype": DTYPES,
     "model.attn_implementation": IMPLEMENTATIONS,
+    "trainer.task": ("ppo", "reward_model"),
+    "reward_model.retemplate": ("auto", "always", "never"),
+    "reward_model.normalize": ("none", "stored", "reference"),
+    "reward_model.combine": ("rm", "rule", "sum"),
+    "reward_training.lr_scheduler": SCHEDULES,
 }
 
 
@@ -40,7 +45,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
     return {
         **CHOICES,
         "model.source": ("", *sources.MODEL_SOURCES),
-        "data.source": ("", *sources.DATA_SOURCES),
+        "data.source": ("", *sources.DATA_SOURCES, *sources.PREFERENCE_SOURCES),
     }
 
 
@@ -66,6 +71,9 @@ def _positive_counts(cfg: AppConfig) -> list[tuple[str, bool, str]]:
         "ref.log_prob_micro_batch_size_per_gpu",
         "rollout.log_prob_micro_batch_size_per_gpu",
         "trainer.total_epochs",
+        "reward_model.micro_batch_size_per_gpu",
+        "reward_model.normalize_samples",
+        "reward_training.max_response_length",
     ]
     return [(key, _get(cfg, key) >= 1, ">= 1") for key in keys]
 
@@ -89,6 +97,11 @@ NON_NEGATIVE = {
     "trainer.n_gpus_per_node": ">= 0 (0 = not checked)",
     "trainer.nnodes": ">= 0 (0 = not checked)",
     "trainer.memory_limit_gib": ">= 0 (0 = from the free memory)",
+    "reward_model.clip_range": ">= 0 (0 = no clipping)",
+    "reward_model.missing_eos_penalty": ">= 0 (0 = none)",
+    "reward_training.weight_decay": ">= 0",
+    "reward_training.lr_warmup_steps": ">= 0",
+    "reward_training.center_rewards_coefficient": ">= 0",
 }
 # Keys that must be > 0.
 POSITIVE = (
@@ -97,6 +110,7 @@ POSITIVE = (
     "critic.cliprange_value",
     "algorithm.kl_ctrl.target_kl",
     "algorithm.kl_ctrl.horizon",
+    "reward_training.lr",
 )
 FLIPS = "> 0 (a negative norm flips the gradient)"
 
@@ -107,6 +121,13 @@ def _check_ranges(cfg: AppConfig) -> None:
         *((key, _get(cfg, key) > 0, "> 0") for key in POSITIVE),
         ("actor.grad_clip", cfg.actor.grad_clip > 0, FLIPS),
         ("critic.grad_clip", cfg.critic.grad_clip > 0, FLIPS),
+        ("reward_training.grad_clip", cfg.reward_training.grad_clip > 0, FLIPS),
+        (
+            "reward_training.micro_batch_size_per_gpu",
+            _get(cfg, "reward_training.micro_batch_size_per_gpu") % 2 == 0
+            and _get(cfg, "reward_training.micro_batch_size_per_gpu") >= 2,
+            "an even number >= 2 (whole pairs)",
+        ),
         ("actor.clip_ratio_low", 0 < cfg.actor.clip_ratio_low < 1, "in (0, 1)"),
         ("actor.clip_ratio_high", 0 < cfg.actor.clip_ratio_high < 1, "in (0, 1)"),
         ("actor.clip_ratio_c", cfg.actor.clip_ratio_c > 1, "> 1"),
@@ -135,7 +156,7 @@ def _check_ranges(cfg: AppConfig) -> None:
 def _check_budget_values(cfg: AppConfig) -> None:
     """Each budget is a number of tokens >= 1 or ``auto`` (which needs a pass that is cut
     by tokens: with fixed micro-batch sizes the budget is not read)."""
-    for role in ROLES.values():
+    for role in (ROLES[name] for name in run_roles(cfg)):
         key = role.budget_key
         value = _get(cfg, key)
         if isinstance(value, str):
@@ -212,7 +233,7 @@ def _check_launch(trainer: TrainerConfig, world_size: int) -> None:
 def _check_fsdp_sizes(cfg: AppConfig, world_size: int) -> None:
     if cfg.ref.fsdp.optimizer_offload:
         raise ValueError("ref.fsdp.optimizer_offload=true: the reference has no optimizer")
-    for role in ("actor", "critic"):
+    for role in ("actor", "critic", "reward_training"):
         fsdp = getattr(cfg, role).fsdp
         if fsdp.strategy == "fsdp1" and fsdp.param_offload:
             raise ValueError(
@@ -220,21 +241,58 @@ def _check_fsdp_sizes(cfg: AppConfig, world_size: int) -> None:
                 "incorrect gradients under gradient accumulation (torch documents it); use "
                 f"{role}.fsdp.strategy=fsdp2 with {role}.fsdp.offload_policy=true"
             )
+    if cfg.reward_model.fsdp.optimizer_offload:
+        raise ValueError("reward_model.fsdp.optimizer_offload=true: the reward model is frozen")
     offloads = ("param_offload", "offload_policy", "activation_offload", "optimizer_offload")
-    for role in ("actor", "ref", "critic"):
+    for role in SHARDED:
         for key in offloads:
             if getattr(getattr(cfg, role).fsdp, key) and default_device().type != "cuda":
                 raise ValueError(
                     f"{role}.fsdp.{key}=true only takes effect on CUDA (it moves tensors to "
                     "host memory; here they are there already)"
                 )
-    for role in ("actor", "ref", "critic"):
+    for role in SHARDED:
         size = getattr(cfg, role).fsdp.fsdp_size
         if size != -1 and (size < 1 or world_size % size):
             raise ValueError(
                 f"{role}.fsdp.fsdp_size={size} must be -1 (all ranks) or divide the world "
                 f"size {world_size}"
             )
+
+
+SHARDED = ("actor", "ref", "critic", "reward_model", "reward_training")
+
+
+def _check_reward_model(cfg: AppConfig) -> None:
+    """The reward model's switches (its directory is checked with the data, before any model
+    loads: :mod:`klppo_train.config.preflight`)."""
+    rm = cfg.reward_model
+    if rm.enable and not (rm.path or rm.source):
+        raise ValueError("reward_model.enable=true needs reward_model.path (or a .source recipe)")
+    if not rm.enable and rm.combine != "rm":
+        raise ValueError(
+            f"reward_model.combine={rm.combine!r} with reward_model.enable=false: there is no "
+            "reward-model score to combine"
+        )
+    if rm.source and not Path(rm.source).expanduser().is_file():
+        raise ValueError(f"reward_model.source={rm.source!r}: no such recipe file")
+
+
+def _check_reward_training(cfg: AppConfig, world_size: int) -> None:
+    """A reward-model run: whole pairs per rank, and a budget that holds one pair."""
+    batch = cfg.data.train_batch_size
+    if batch % world_size:
+        raise ValueError(
+            f"data.train_batch_size={batch} pairs do not split evenly over {world_size} ranks"
+        )
+    budget = _get(cfg, ROLES["reward_training"].budget_key)
+    pair = longest_sequence(cfg)
+    if budget != AUTO and uses_budget(cfg, "reward_training") and budget < pair:
+        raise ValueError(
+            f"reward_training.max_token_len_per_gpu={budget} cannot hold one pair of "
+            f"{pair} tokens (2 × (data.max_prompt_length + "
+            "reward_training.max_response_length))"
+        )
 
 
 def _check_algorithm(cfg: AppConfig) -> None:
@@ -308,10 +366,12 @@ def _check_compiler(model: ModelConfig) -> None:
 
 def _check_resume(trainer: TrainerConfig) -> None:
     mode = trainer.resume_mode
-    if mode not in ("auto", "disable") and not (Path(mode).expanduser() / "actor").is_dir():
+    first = "actor" if trainer.task == "ppo" else "reward_model"
+    if mode not in ("auto", "disable") and not (Path(mode).expanduser() / first).is_dir():
         raise ValueError(
             f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or a checkpoint directory "
-            "(run_dir/checkpoints/global_step_<N>, with an actor/ inside)"
+            f"(run_dir/checkpoints/global_step_<N>, with a{'n' * (first == 'actor')} "
+            f"{first}/ inside)"
         )
 
 
@@ -320,10 +380,14 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_ranges(config)
     _check_budget_values(config)
     _check_resume(config.trainer)
-    _check_algorithm(config)
-    _check_batch_sizes(config, world_size)
     _check_fsdp_sizes(config, world_size)
     _check_launch(config.trainer, world_size)
     _check_compiler(config.model)
     check_allocator(config.trainer.allocator)
+    if config.trainer.task == "reward_model":
+        _check_reward_training(config, world_size)
+        return []
+    _check_reward_model(config)
+    _check_algorithm(config)
+    _check_batch_sizes(config, world_size)
     return _check_token_budgets(config)

@@ -45,6 +45,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "critic.model.fsdp_config.wrap_policy.min_num_params": ("critic.fsdp.min_num_params",),
     "critic.model.fsdp_config.*": ("critic.fsdp.*",),
     "critic.model.enable_gradient_checkpointing": ("critic.fsdp.gradient_checkpointing",),
+    "critic.model.path": ("critic.model_path",),
+    "reward_model.model.path": ("reward_model.path",),
+    "reward_model.model.input_tokenizer": ("reward_model.retemplate",),
+    "reward_model.strategy": ("reward_model.fsdp.strategy",),
+    "reward_model.model.fsdp_config.wrap_policy.min_num_params": (
+        "reward_model.fsdp.min_num_params",
+    ),
+    "reward_model.model.fsdp_config.*": ("reward_model.fsdp.*",),
     "data.max_response_length": ("rollout.sampling.max_new_tokens",),
     "trainer.default_local_dir": ("trainer.run_dir",),
 }
@@ -108,9 +116,31 @@ REFUSED: dict[str, str] = {
         "klppo always packs sequences (remove padding): only true"
     ),
     "critic.model.use_remove_padding": "klppo always packs sequences (remove padding): only true",
-    "critic.model.path": (
-        "klppo's critic is a value head on the actor's backbone: only the actor's model.path"
+    "reward_model.model.use_remove_padding": (
+        "klppo always packs sequences (remove padding): only true"
     ),
+    "reward_model.ulysses_sequence_parallel_size": (
+        "klppo has no sequence parallelism (Ulysses): only 1"
+    ),
+    "reward_model.enable_resource_pool": (
+        "klppo's reward model shares the ranks of the other roles: only false"
+    ),
+    "reward_model.n_gpus_per_node": "klppo's reward model shares the other roles' ranks: only 0",
+    "reward_model.nnodes": "klppo's reward model shares the other roles' ranks: only 0",
+    "reward_model.micro_batch_size": (
+        "the global micro-batch size is deprecated in verl too: use "
+        "reward_model.micro_batch_size_per_gpu (only null)"
+    ),
+    "reward_model.max_length": (
+        "klppo scores the whole sequence (prompt and response are capped by "
+        "data.max_prompt_length and rollout.response_length): only null"
+    ),
+    "reward_model.reward_manager": (
+        "klppo combines rule and reward-model scores with reward_model.combine: only naive"
+    ),
+    "reward_model.launch_reward_fn_async": "klppo scores in the step: only false",
+    "reward_model.model.trust_remote_code": "klppo loads transformers' own classes: only false",
+    "reward_model.model.external_lib": "klppo loads transformers' own classes: only null",
     "trainer.logger": (
         "klppo prints to the console and writes metrics.jsonl in the run directory: only console"
     ),
@@ -132,6 +162,23 @@ ACCEPTED_VALUES: dict[str, Callable[[Any], bool]] = {
     "actor_rollout_ref.model.use_remove_padding": lambda v: v is True,
     "critic.model.use_remove_padding": lambda v: v is True,
     "trainer.logger": lambda v: v == "console" or list(v) == ["console"],
+    "reward_model.model.use_remove_padding": lambda v: v is True,
+    "reward_model.ulysses_sequence_parallel_size": lambda v: v == 1,
+    "reward_model.enable_resource_pool": lambda v: v is False,
+    "reward_model.n_gpus_per_node": lambda v: v == 0,
+    "reward_model.nnodes": lambda v: v == 0,
+    "reward_model.micro_batch_size": lambda v: v is None,
+    "reward_model.max_length": lambda v: v is None,
+    "reward_model.reward_manager": lambda v: v == "naive",
+    "reward_model.launch_reward_fn_async": lambda v: v is False,
+    "reward_model.model.trust_remote_code": lambda v: v is False,
+    "reward_model.model.external_lib": lambda v: v is None,
+}
+
+# verl values that mean a klppo value: the policy's tokenizer path in input_tokenizer asks for
+# re-templating (klppo: when the tokenizers differ), null for none.
+VALUE_MAPS: dict[str, Callable[[Any], Any]] = {
+    "reward_model.model.input_tokenizer": lambda v: "never" if v is None else "auto",
 }
 
 # Values that differ: verl's FSDP1 is ``strategy=fsdp``.
@@ -173,6 +220,7 @@ def translate(key: str, value: Any) -> tuple[list[tuple[str, Any]], str | None]:
         ok = accepted is not None and accepted(value)
         return [], None if ok else f"{key}={value!r}: {REFUSED[refused]}"
     names = [short for name in _rename(ALIASES, key) for short in _rename(SHORT_NAMES, name)]
+    value = VALUE_MAPS[key](value) if key in VALUE_MAPS else value
     return [(name, _value(name, value)) for name in names], None
 
 

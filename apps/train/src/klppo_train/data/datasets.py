@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,19 @@ def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[di
         FileNotFoundError: a path does not exist (checked for all before reading any).
         ValueError: no paths, or a bad row, named as ``"<path> row <i>: ..."``.
     """
+    return [check_row(row, where) for row, where in read_table_rows(paths)]
+
+
+def read_table_rows(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+) -> list[tuple[dict[str, Any], str]]:
+    """``(row, "<path> row <i>")`` of every row of the parquet files, in file order, for a
+    row check to name (:func:`read_rows`; the reward model's preference pairs).
+
+    Raises:
+        FileNotFoundError: a path does not exist (checked for all before reading any).
+        ValueError: no paths, an unreadable file or one without rows.
+    """
     paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     paths = [Path(p).expanduser() for p in paths]
     if not paths:
@@ -166,18 +179,21 @@ def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[di
             table = pq.read_table(path)
         except pa.ArrowException as err:
             raise ValueError(f"{str(path)!r} is not a readable parquet file: {err}") from None
-        rows += [check_row(r, f"{path} row {i}") for i, r in enumerate(table.to_pylist())]
         if not table.num_rows:
             raise ValueError(f"{str(path)!r} has no rows")
+        rows += [(r, f"{path} row {i}") for i, r in enumerate(table.to_pylist())]
     return rows
 
 
-def write_parquet(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:
-    """Validate ``rows`` and write them to ``path`` atomically (temp file + ``os.replace``)."""
+def write_parquet(
+    rows: Sequence[dict[str, Any]], path: str | os.PathLike, check: Callable = check_row
+) -> None:
+    """Validate ``rows`` (``check(row, where)``: a PPO row by default) and write them to
+    ``path`` atomically (temp file + ``os.replace``)."""
     if not rows:
         raise ValueError(f"write_parquet: no rows to write to {str(path)!r}")
-    rows = [check_row(r, f"rows[{i}]") for i, r in enumerate(rows)]
-    if not any(r["extra_info"] for r in rows):
+    rows = [check(r, f"rows[{i}]") for i, r in enumerate(rows)]
+    if "extra_info" in rows[0] and not any(r["extra_info"] for r in rows):
         # Parquet cannot store a struct without fields; read_rows treats a missing column as {}.
         rows = [{k: v for k, v in r.items() if k != "extra_info"} for r in rows]
     table = pa.Table.from_pylist(rows)
@@ -198,13 +214,16 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> No
 
 @dataclass(frozen=True)
 class PromptItem:
-    """One tokenized prompt: what generation and the reward read (``index``: its row)."""
+    """One tokenized prompt: what generation and the reward read (``index``: its row;
+    ``messages``: the conversation, which a reward model with another chat template
+    renders itself)."""
 
     index: int
     data_source: str
     prompt_ids: tuple[int, ...]
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, str], ...] = ()
 
 
 class PromptDataset:
@@ -256,6 +275,7 @@ class PromptDataset:
             prompt_ids=tuple(int(t) for t in ids),
             ground_truth=row["reward_model"]["ground_truth"],
             extra_info=dict(row.get("extra_info") or {}),
+            messages=tuple(row["prompt"]),
         )
 
     def __len__(self) -> int:

@@ -171,6 +171,10 @@ class RewardManager:
             )
         return fn
 
+    def has_rule(self, data_source: str) -> bool:
+        """Whether ``data_source`` has a reward function (custom or built in)."""
+        return self.custom is not None or data_source in BUILTIN_REWARDS
+
     def score(
         self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
     ) -> float:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klppo_train.data.datasets import write_parquet
+from klppo_train.data.datasets import check_row, write_parquet
+from klppo_train.reward_model.pairs import check_pair_row
 
 log = logging.getLogger("klppo_train")
 
@@ -41,6 +42,9 @@ MODEL_SOURCES: dict[str, Callable[[Path], Any]] = {}
 """``model.source`` name → ``convert(path)`` writing a HF directory at ``path``."""
 DATA_SOURCES: dict[str, Callable[[], tuple[Rows, Rows]]] = {}
 """``data.source`` name → ``() -> (train rows, val rows)``."""
+PREFERENCE_SOURCES: dict[str, Callable[[Path], tuple[Rows, Rows]]] = {}
+"""``data.source`` name → ``(model_path) -> (train pairs, val pairs)``: preference pairs made
+with the recipe's model (``trainer.task=reward_model``)."""
 _embedded: list[Embedded] = []
 
 
@@ -48,10 +52,12 @@ def register(
     models: dict[str, Callable[[Path], Any]],
     data: dict[str, Callable[[], tuple[Rows, Rows]]],
     embedded: Embedded,
+    preferences: dict[str, Callable[[Path], tuple[Rows, Rows]]] | None = None,
 ) -> None:
     """Make these sources (and the embedded default) available to recipes."""
     MODEL_SOURCES.update(models)
     DATA_SOURCES.update(data)
+    PREFERENCE_SOURCES.update(preferences or {})
     _embedded[:] = [embedded]
 
 
@@ -83,12 +89,20 @@ def prepare_model(source: str, path: Path) -> None:
             MODEL_SOURCES[source](path)
 
 
-def prepare_data(source: str, files: list[Path], data_dir: Path, embedded_data: bool) -> None:
+def prepare_data(
+    source: str, files: list[Path], data_dir: Path, embedded_data: bool, model_path: Path
+) -> None:
     """Write the missing ``files`` under ``data_dir`` (``<trainer.run_dir>/data``) that
-    ``source`` (``data.source``), or with ``embedded_data`` the embedded default, provides
-    (``train.parquet``, ``val.parquet``)."""
+    ``source`` (``data.source``; a preference source samples ``model_path``), or with
+    ``embedded_data`` the embedded default, provides (``train.parquet``, ``val.parquet``)."""
     writers: dict[str, Callable[[], Rows]] = {}
-    if source:
+    check = check_row
+    missing = [p for p in files if not p.exists()]
+    if source in PREFERENCE_SOURCES and missing:
+        train, val = PREFERENCE_SOURCES[source](model_path)
+        writers = {"train.parquet": lambda: train, "val.parquet": lambda: val}
+        check = check_pair_row
+    elif source in DATA_SOURCES:
         train, val = DATA_SOURCES[source]()
         writers = {"train.parquet": lambda: train, "val.parquet": lambda: val}
     elif embedded_data:
@@ -100,5 +114,5 @@ def prepare_data(source: str, files: list[Path], data_dir: Path, embedded_data: 
         with _locked(path):
             if not path.exists():
                 rows = writers[path.name]()
-                write_parquet(rows, path)
+                write_parquet(rows, path, check)
                 log.info("wrote %d rows to %s", len(rows), path)

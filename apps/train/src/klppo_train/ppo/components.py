@@ -18,6 +18,7 @@ from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
 from klppo_train.ppo.passes import ForwardPass
 from klppo_train.ppo.trainee import Trainee
+from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.runtime.engine import Sampling
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightSync
@@ -41,7 +42,8 @@ class Components:
     ``old_log_prob`` is None on the on-policy shortcut (one mini-batch, one epoch, no KL in
     the reward: logπ_old = sg(logπ)); ``ref`` without a KL path; ``values``/``critic``
     without a critic; ``kl_in_reward`` without ``algorithm.use_kl_in_reward`` (the
-    controller is kept either way: it is checkpointed). ``budgets``: the token budgets in
+    controller is kept either way: it is checkpointed); ``reward_model`` without
+    ``reward_model.enable`` (rule rewards only). ``budgets``: the token budgets in
     force (set before step 0: the config's numbers, the probe's choice for ``auto``, or a
     checkpoint's).
     """
@@ -59,6 +61,7 @@ class Components:
     ref: ForwardPass | None = None
     values: ForwardPass | None = None
     critic: Trainee | None = None
+    reward_model: RewardModelReward | None = None
     actor_params: int = 0  # of the full (unsharded) actor: the step's FLOP estimate
     budgets: RunBudgets | None = None
 
@@ -69,7 +72,8 @@ class Components:
         """What the probe measures for ``role`` (its most demanding pass,
         ``ROLES[role].probed_pass``), or None when that pass does not run here."""
         name = ROLES[role].probed_pass
-        forward = [p for p in (self.old_log_prob, self.ref, self.values) if p is not None]
+        scoring = self.reward_model.scoring if self.reward_model is not None else None
+        forward = [p for p in (self.old_log_prob, self.ref, self.values, scoring) if p]
         updates = [t for t in self.trainees() if t.update.name == name]
         return next((p for p in forward if p.name == name), updates[0] if updates else None)
 

@@ -1,4 +1,5 @@
-"""Per-token log-probs (actor, reference) and values (critic) of responses.
+"""Per-token log-probs (actor, reference) and values (critic) of responses, and a reward
+model's score of each response.
 
 Micro-batching, packing and order restore are :func:`batching.per_response_token`'s (verl's
 layout: left-padded prompts then right-padded responses, ``[B, P + T]``); here is what runs
@@ -45,6 +46,51 @@ def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
 def _values(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
     FAULTS.micro_batch()
     return (model(**packing.model_kwargs()).logits[0, keep, 0].float(),)  # [K] of [1, nnz, 1]
+
+
+def _token_scores(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
+    FAULTS.micro_batch()
+    # keep predicts each response token; keep + 1 is that token itself (sequences are packed
+    # contiguously here: no prompt sharing), where a reward model's head reads. A response
+    # shorter than T also keeps its last token, whose "next" is padding (masked out): the
+    # clamp only keeps the packed row's very last one in bounds.
+    logits = model(**packing.model_kwargs()).logits
+    return (logits[0, (keep + 1).clamp(max=logits.shape[1] - 1), 0].float(),)
+
+
+def last_token_values(per_token: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]``: each row's value at its last valid response token (0 for an empty one)."""
+    positions = torch.arange(response_mask.shape[1], device=response_mask.device)
+    last = torch.where(response_mask.bool(), positions, -1).max(dim=1).values
+    values = per_token.gather(1, last.clamp(min=0)[:, None]).squeeze(1)
+    return torch.where(last >= 0, values, torch.zeros_like(values))
+
+
+def response_scores(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    *,
+    max_tokens: int | None,
+    micro_batch_size: int | None = None,
+) -> torch.Tensor:
+    """A reward model's score of each response ``[B]``: its scalar head (a token-classification
+    model with one label) at the response's last valid token -- the EOS of a finished
+    response, the last kept token of a cut one, wherever padding is (the attention mask
+    says, not a pad id: pad may equal EOS). Micro-batching as :func:`response_logprobs`;
+    differentiable."""
+    (per_token,) = _per_response_token(
+        model,
+        input_ids,
+        attention_mask,
+        response_length,
+        _token_scores,
+        max_tokens=max_tokens,
+        micro_batch_size=micro_batch_size,
+        share_prompts=False,
+    )
+    return last_token_values(per_token, attention_mask[:, -response_length:])
 
 
 def _per_response_token(

@@ -1,8 +1,8 @@
 """One PPO step, in numbered stages, over components built once and passed in.
 
 1 generate (+ balance over ranks) → 2 engine sleeps → 3 old log-probs → 4 ref log-probs →
-5 values → 6 scores, KL in reward, advantages → 7 critic update → 8 actor update →
-9 engine wakes → 10 weight sync → 11 metrics.
+5 values → 5b reward-model scores → 6 scores, KL in reward, advantages → 7 critic update →
+8 actor update → 9 engine wakes → 10 weight sync → 11 metrics.
 
 Every stage is timed (``timing_s/<stage>``). Each forward pass and update runs within its
 role's token budget (``c.budgets``) and, on out-of-memory, halves it and redoes the pass
@@ -31,7 +31,7 @@ from klppo_train.ppo.algorithm import advantage_metrics, explained_variance
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.trajectories import Trajectories, trajectories
 from klppo_train.runtime.balance import balance_rollouts
-from klppo_train.runtime.process_group import rank_span
+from klppo_train.runtime.process_group import concat_over_ranks, rank_span
 from ppo_core import masked_mean, token_level_scores
 from rollout import logprob_mismatch
 
@@ -46,15 +46,27 @@ class Timings(dict):
         self[f"timing_s/{stage}"] = time.perf_counter() - start
 
 
-def score_responses(c: Components, items: Sequence[PromptItem], t: Trajectories) -> torch.Tensor:
-    """Sequence scores on the last response token (``[N, T]``)."""
+def rule_scores(c: Components, items: Sequence[PromptItem], t: Trajectories) -> torch.Tensor:
+    """The rule reward of each response ``[N]``."""
     scores = []
     for row, index in enumerate(t.prompt_index.tolist()):
         ids = t.response_ids[row][t.response_mask[row].bool()].tolist()
         text = c.tokenizer.decode(ids, skip_special_tokens=True)
         item = items[index]
         scores.append(c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info))
-    return token_level_scores(scores, t.response_mask)
+    return torch.tensor(scores, dtype=torch.float32, device=t.response_mask.device)
+
+
+def score_responses(
+    c: Components, items: Sequence[PromptItem], t: Trajectories, rm_raw: torch.Tensor | None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sequence rewards on the last response token (``[N, T]``): the rule's, or the reward
+    model's (``rm_raw``: its raw scores) as ``reward_model.combine`` says; its metrics."""
+    if c.reward_model is None:
+        return token_level_scores(rule_scores(c, items, t), t.response_mask), {}
+    rule = rule_scores(c, items, t) if c.reward_model.uses_rule else None
+    rewards, metrics = c.reward_model.reward(rm_raw, rule, t)
+    return token_level_scores(rewards, t.response_mask), metrics
 
 
 def _generate(c: Components, items: Sequence[PromptItem], step: int, span: range):
@@ -80,7 +92,8 @@ def _generate(c: Components, items: Sequence[PromptItem], step: int, span: range
 
 
 def _forward_passes(c: Components, t: Trajectories, step: int, timed: Timings) -> Trajectories:
-    """Stages 3–5: the forward-only passes that run in this configuration."""
+    """Stages 3–5: the forward-only passes that run in this configuration (the reward
+    model's, 5b, is :func:`_reward_model_scores`)."""
     if c.old_log_prob is not None:
         with timed("old_log_prob"):
             old, entropy = c.old_log_prob(t, c.budgets, step)
@@ -94,12 +107,24 @@ def _forward_passes(c: Components, t: Trajectories, step: int, timed: Timings) -
     return t
 
 
-def _advantages(c: Components, items, t: Trajectories) -> tuple[Trajectories, torch.Tensor, dict]:
-    """Stage 6: ``(trajectories with advantages and returns, scores, kl metrics)``."""
-    scores = score_responses(c, items, t)
-    rewards, metrics = scores, {}
+def _reward_model_scores(c: Components, items, t: Trajectories, step: int, timed: Timings):
+    """Stage 5b: the reward model's raw scores ``[N]`` (None without one)."""
+    if c.reward_model is None:
+        return None
+    with timed("reward_model"):
+        return c.reward_model.scoring(t, c.budgets, step, items)
+
+
+def _advantages(
+    c: Components, items, t: Trajectories, rm_raw: torch.Tensor | None
+) -> tuple[Trajectories, torch.Tensor, dict]:
+    """Stage 6: ``(trajectories with advantages and returns, scores, kl and reward-model
+    metrics)``."""
+    scores, metrics = score_responses(c, items, t, rm_raw)
+    rewards = scores
     if c.kl_in_reward is not None:
-        rewards, metrics = c.kl_in_reward(scores, t.old_logprobs, t.ref_logprobs, t.response_mask)
+        rewards, kl = c.kl_in_reward(scores, t.old_logprobs, t.ref_logprobs, t.response_mask)
+        metrics.update(kl)
     advantages, returns = c.advantage_fn(
         rewards, t.response_mask, values=t.values, group_ids=t.prompt_index
     )
@@ -145,8 +170,9 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
         c.engine.sleep()
     retries_before = c.budgets.oom_retries
     t = _forward_passes(c, t, step, timed)  # 3, 4, 5
+    rm_raw = _reward_model_scores(c, items, t, step, timed)  # 5b
     with timed("adv"):  # 6
-        t, scores, metrics = _advantages(c, items, t)
+        t, scores, metrics = _advantages(c, items, t, rm_raw)
     if c.critic is not None:
         with timed("update_critic"):  # 7
             metrics.update(c.critic.train(t, c.budgets, step))
@@ -185,3 +211,17 @@ def _perf_metrics(c: Components, t: Trajectories, timed: Timings) -> dict[str, f
     else:
         out["perf/max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return out
+
+
+def calibrate_reward_model(c: Components, items: Sequence[PromptItem]) -> dict[str, float]:
+    """Ziegler et al.'s normalization (``reward_model.normalize=reference``): before the first
+    update the engine holds the reference policy; sample ``normalize_samples`` responses to
+    the first training prompts (``rollout.n`` each, every rank its share), score them, and
+    set mean/std so that they score mean 0 / std 1 over all ranks."""
+    rm = c.reward_model
+    prompts = list(items[: max(1, -(-rm.normalize_samples // c.plan.sampling.config.n))])
+    span = rank_span(len(prompts))
+    mine, t, _ = _generate(c, prompts[span.start : span.stop], 0, span)
+    raw = rm.scoring(t, c.budgets, 0, mine)
+    every = concat_over_ranks({"raw": raw.tolist()})["raw"]
+    return rm.set_normalization(torch.tensor(every))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape
-from klppo_train.budgets.roles import PASS_ROLES, ROLES, static_micro_batch_size
+from klppo_train.budgets.roles import PASS_ROLES, run_roles, static_micro_batch_size
 from klppo_train.budgets.run_budgets import configured, longest_sequence
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
@@ -25,6 +25,13 @@ from klppo_train.ppo.components import Components, StepPlan
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.passes import ForwardPass, Pass
 from klppo_train.ppo.trainee import Trainee
+from klppo_train.reward_model.hf_dir import stored_normalization
+from klppo_train.reward_model.serve import (
+    Retemplate,
+    RewardModelPass,
+    RewardModelReward,
+    same_tokenization,
+)
 from klppo_train.runtime.engine import Sampling
 from klppo_train.runtime.process_group import sum_over_ranks, world_size
 from klppo_train.trainer.schedule import make_scheduler
@@ -110,6 +117,50 @@ class StepBuilder:
             share_prompts=cfg.model.share_prompts,
         )
 
+    def stop_ids(self, tokenizer) -> frozenset[int]:
+        """The ids that end a response: EOS and ``rollout.sampling.stop_token_ids``."""
+        return frozenset({tokenizer.eos_token_id, *self.cfg.rollout.sampling.stop_token_ids})
+
+    def retemplate(self, tokenizer, rm_tokenizer) -> Retemplate | None:
+        """How the reward model reads the responses (``reward_model.retemplate``): None =
+        the policy's token ids as they are."""
+        mode = self.cfg.reward_model.retemplate
+        if mode == "never" or (mode == "auto" and same_tokenization(tokenizer, rm_tokenizer)):
+            return None
+        log.info("reward model: re-templating the conversations with its own tokenizer")
+        return Retemplate(
+            tokenizer,
+            rm_tokenizer,
+            max_prompt_length=self.cfg.data.max_prompt_length,
+            response_length=self.cfg.rollout.sampling.max_new_tokens,
+            stop_ids=self.stop_ids(tokenizer),
+        )
+
+    def reward_model(self, model: nn.Module, tokenizer, rm_tokenizer) -> RewardModelReward:
+        """The reward model's scoring pass and the reward built on it (``reward_model.*``)."""
+        rm = self.cfg.reward_model
+        scoring = RewardModelPass(
+            name="reward_model",
+            micro_batch_size=static_micro_batch_size(self.cfg, "reward_model"),
+            model=model,
+            response_length=self.cfg.rollout.sampling.max_new_tokens,
+            share_prompts=False,
+            retemplate=self.retemplate(tokenizer, rm_tokenizer),
+        )
+        mean, std = stored_normalization(rm.path) if rm.normalize == "stored" else (0.0, 1.0)
+        return RewardModelReward(
+            scoring,
+            normalize=rm.normalize,
+            normalize_samples=rm.normalize_samples,
+            clip_range=rm.clip_range,
+            missing_eos_penalty=rm.missing_eos_penalty,
+            stop_ids=self.stop_ids(tokenizer),
+            combine=rm.combine,
+            rule_weight=rm.rule_weight,
+            mean=mean,
+            std=std,
+        )
+
     def components(
         self,
         *,
@@ -120,6 +171,8 @@ class StepBuilder:
         rewards: RewardManager,
         ref: nn.Module | None = None,
         critic: nn.Module | None = None,
+        reward_model: nn.Module | None = None,
+        rm_tokenizer=None,
         actor_params: int = 0,
     ) -> Components:
         """The step's objects around the run's models (sharded or not): trainees with their
@@ -152,6 +205,11 @@ class StepBuilder:
             ref=self.forward_pass("ref", ref) if ref is not None else None,
             values=self.forward_pass("values", critic, values=True) if has_critic else None,
             critic=self.trainee("critic", critic, self.value_loss()) if has_critic else None,
+            reward_model=(
+                self.reward_model(reward_model, tokenizer, rm_tokenizer)
+                if reward_model is not None
+                else None
+            ),
             actor_params=actor_params,
         )
 
@@ -170,7 +228,7 @@ class StepBuilder:
 
     def configured_budgets(self) -> dict[str, int | str]:
         """Each role's budget as the config gives it: a number or ``auto``."""
-        return {role: configured(self.cfg, role) for role in ROLES}
+        return {role: configured(self.cfg, role) for role in run_roles(self.cfg)}
 
     def probe_shape(self) -> ProbeShape:
         """What the probe of ``auto`` budgets needs of the config."""

@@ -26,6 +26,7 @@ from klppo_train.data import sources
 from klppo_train.data.datasets import read_rows
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.components import Components
+from klppo_train.reward_model.hf_dir import is_reward_model_dir, scalar_head_config
 from klppo_train.runtime.engine import build_engine
 from klppo_train.runtime.packed_attention import GROUP_ATTENTION, packed_attention_implementation
 from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding
@@ -106,13 +107,15 @@ def _values_not_a_view(module, args, output):
 
 
 def _critic(cfg: AppConfig, model_dir: Path, compute: Precision):
-    """A value head on the actor's backbone; no dropout (the head defaults to 0.1). The head
-    is freshly initialised from the global seed, identically on every rank."""
-    critic_config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+    """A value head on the actor's backbone (freshly initialised from the global seed,
+    identically on every rank), or on ``critic.model_path``'s: a reward model's backbone and
+    score head start the critic (InstructGPT's); no dropout (the head defaults to 0.1)."""
+    path = Path(cfg.critic.model_path).expanduser() if cfg.critic.model_path else model_dir
+    critic_config = AutoConfig.from_pretrained(path, num_labels=1)
     critic_config.classifier_dropout = 0.0
-    critic = _load(
-        cfg, AutoModelForTokenClassification, model_dir, torch.float32, config=critic_config
-    )
+    if is_reward_model_dir(path):  # its head has no bias: load it exactly
+        critic_config.token_classification_bias = False
+    critic = _load(cfg, AutoModelForTokenClassification, path, torch.float32, config=critic_config)
     critic.register_forward_hook(_values_not_a_view)
     return _sharded(critic, cfg.critic.fsdp, compute)
 
@@ -129,21 +132,38 @@ def _reference(cfg: AppConfig, model_dir: Path, compute: Precision):
     return shard_model(ref, sharding)
 
 
+def _reward_model(cfg: AppConfig, compute: Precision):
+    """The frozen reward model (``reward_model.path``), stored in the compute dtype like the
+    reference; None without ``reward_model.enable``."""
+    if not cfg.reward_model.enable:
+        return None
+    path = Path(cfg.reward_model.path).expanduser()
+    sharding = role_sharding(cfg.reward_model.fsdp, compute.dtype)
+    model = _load(
+        cfg, AutoModelForTokenClassification, path, sharding.mixed_precision.param,
+        config=scalar_head_config(path),
+    ).eval()  # fmt: skip
+    model.requires_grad_(False)
+    return shard_model(model, sharding)
+
+
 def build_components(
-    cfg: AppConfig, model_dir: Path, tokenizer, rewards: RewardManager
+    cfg: AppConfig, model_dir: Path, tokenizer, rewards: RewardManager, rm_tokenizer=None
 ) -> Components:
-    """Every component of the run around the checked tokenizer and reward manager; a
-    collective (sharding, engine start)."""
+    """Every component of the run around the checked tokenizers (the policy's, the reward
+    model's) and reward manager; a collective (sharding, engine start)."""
     compute = resolve_precision(cfg.model.dtype, default_device())
     actor = _load(cfg, AutoModelForCausalLM, model_dir, torch.float32)  # fp32 master weights
     actor_params = sum(p.numel() for p in actor.parameters())
     actor = _sharded(actor, cfg.actor.fsdp, compute)
     ref = _reference(cfg, model_dir, compute)
     critic = _critic(cfg, model_dir, compute) if cfg.critic.enable else None
+    reward_model = _reward_model(cfg, compute)
     engine = build_engine(cfg, model_dir, tokenizer, compute)
     # Cast while streaming: the engine holds the compute dtype (half the bytes in bf16).
     sync = WeightSync(lambda: iter_full_state_dict(actor), engine, dtype=compute.dtype)
     return StepBuilder(cfg).components(
         actor=actor, engine=engine, weight_sync=sync, tokenizer=tokenizer,
-        rewards=rewards, ref=ref, critic=critic, actor_params=actor_params,
+        rewards=rewards, ref=ref, critic=critic, reward_model=reward_model,
+        rm_tokenizer=rm_tokenizer, actor_params=actor_params,
     )  # fmt: skip

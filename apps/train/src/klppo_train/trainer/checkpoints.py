@@ -64,7 +64,7 @@ class RNGStates:
 class BudgetsInForce:
     """The components' token budgets (None before they are chosen: nothing to save)."""
 
-    def __init__(self, c: Components) -> None:
+    def __init__(self, c: Any) -> None:  # anything holding ``budgets``
         self.c = c
 
     def state_dict(self) -> dict[str, Any]:
@@ -79,12 +79,14 @@ def stateful(c: Components, schedulers: list, loader: PromptLoader) -> dict[str,
     """Everything besides the trainees' models and optimizers that a resumed run needs, by
     the name it is saved under (``schedulers``: one per trainee, in the same order)."""
     lr = {f"lr_scheduler/{t.name}": s for t, s in zip(c.trainees(), schedulers, strict=True)}
+    rm = {"reward_model": c.reward_model} if c.reward_model is not None else {}
     return {
         **lr,
         "kl_controller": c.kl_controller,
         "loader": loader,
         "budgets": BudgetsInForce(c),
         "rng": RNGStates(),
+        **rm,  # the reward normalization in force
     }
 
 
@@ -92,14 +94,23 @@ def save_trainer_checkpoint(
     run_dir: Path, c: Components, schedulers: list, loader: PromptLoader, step: int, keep: int
 ) -> Path:
     """Write ``global_step_<step>`` atomically (a collective); prune to the newest ``keep``."""
+    return save_checkpoint_dir(run_dir, c.trainees(), stateful(c, schedulers, loader), step, keep)
+
+
+def save_checkpoint_dir(
+    run_dir: Path, trainees: list, states: dict[str, Stateful], step: int, keep: int
+) -> Path:
+    """``global_step_<step>``: each trainee's folder, the first one's with the step and
+    ``states``; written under a temporary name, renamed when whole; the newest ``keep``
+    kept."""
     final = checkpoints_root(run_dir) / f"global_step_{step}"
     tmp = final.with_name(final.name + ".partial")
     if is_main():
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
-    state = {name: s.state_dict() for name, s in stateful(c, schedulers, loader).items()}
-    c.actor.save(tmp / c.actor.name, {"step": step, **state})  # the trainer state with it
-    for trainee in c.trainees()[1:]:
+    state = {name: s.state_dict() for name, s in states.items()}
+    trainees[0].save(tmp / trainees[0].name, {"step": step, **state})  # the trainer state
+    for trainee in trainees[1:]:
         trainee.save(tmp / trainee.name)
     if is_main():
         shutil.rmtree(final, ignore_errors=True)
@@ -112,19 +123,19 @@ def save_trainer_checkpoint(
     return final
 
 
-def resolve_resume(run_dir: Path, resume_mode: str) -> Path | None:
+def resolve_resume(run_dir: Path, resume_mode: str, first: str = "actor") -> Path | None:
     """``auto``: the newest checkpoint of the run (or none); ``disable``: none; else a path,
-    which must be a checkpoint directory."""
+    which must be a checkpoint directory (with the ``first`` trainee's folder inside)."""
     if resume_mode == "disable":
         return None
     if resume_mode == "auto":
         found = complete_checkpoints(run_dir)
         return found[-1][1] if found else None
     path = Path(resume_mode).expanduser()
-    if not (path / "actor").is_dir():
+    if not (path / first).is_dir():
         raise FileNotFoundError(
             f"trainer.resume_mode={resume_mode!r}: {path} is not a checkpoint directory "
-            "(expected run_dir/checkpoints/global_step_<N> with an actor/ inside)"
+            f"(expected run_dir/checkpoints/global_step_<N> with a {first}/ inside)"
         )
     return path
 
@@ -133,10 +144,15 @@ def load_trainer_checkpoint(
     path: Path, c: Components, schedulers: list, loader: PromptLoader
 ) -> int:
     """Restore everything :func:`save_trainer_checkpoint` wrote; return the step it was at."""
-    state: dict[str, Any] = c.actor.load(path / c.actor.name)  # the trainer state is there
-    for trainee in c.trainees()[1:]:
+    return load_checkpoint_dir(path, c.trainees(), stateful(c, schedulers, loader))
+
+
+def load_checkpoint_dir(path: Path, trainees: list, states: dict[str, Stateful]) -> int:
+    """Restore what :func:`save_checkpoint_dir` wrote; return the step it was at."""
+    state: dict[str, Any] = trainees[0].load(path / trainees[0].name)  # the trainer state
+    for trainee in trainees[1:]:
         trainee.load(path / trainee.name)
-    for name, saved in stateful(c, schedulers, loader).items():
+    for name, saved in states.items():
         saved.load_state_dict(state[name])
     log.info("resumed from %s (step %d)", path, state["step"])
     return int(state["step"])

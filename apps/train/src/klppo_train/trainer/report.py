@@ -23,6 +23,11 @@ PLOTTED = (
     ("actor/entropy", "entropy"),
     ("response_length/mean", "response length"),
 )
+# A reward-model run (trainer.task=reward_model): its loss and pairwise accuracy.
+PLOTTED_RM = (("rm/loss", "pairwise loss"), ("*rm/accuracy", "pairwise accuracy (train, val)"))
+# The progress bar's fields: label → metric.
+SHOWN = {"score": "critic/score/mean"}
+SHOWN_RM = {"loss": "rm/loss", "acc": "rm/accuracy"}
 
 
 def read_metrics(path: Path, up_to_step: int | None = None) -> list[dict]:
@@ -35,9 +40,17 @@ def read_metrics(path: Path, up_to_step: int | None = None) -> list[dict]:
 class MetricsLog:
     """Rank 0's sink for step metrics: JSONL, TensorBoard (if installed), a progress bar."""
 
-    def __init__(self, run_dir: Path, start_step: int, total_steps: int, enabled: bool = True):
+    def __init__(
+        self,
+        run_dir: Path,
+        start_step: int,
+        total_steps: int,
+        enabled: bool = True,
+        desc: str = "PPO",
+        shown: dict[str, str] = SHOWN,
+    ):
         self.path = run_dir / "metrics.jsonl"
-        self.enabled = enabled
+        self.enabled, self.shown = enabled, shown
         self.records = read_metrics(self.path, up_to_step=start_step) if start_step else []
         validated = [r for r in self.records if any(k.startswith("val/") for k in r)]
         self.last_val = _mean_acc(validated[-1]) if validated else None
@@ -47,7 +60,7 @@ class MetricsLog:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
         os.replace(tmp, self.path)
         self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
-        self.bar = tqdm(total=total_steps, initial=start_step, desc="PPO", unit="step")
+        self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **metrics}
@@ -67,7 +80,7 @@ class MetricsLog:
         last = self.records[-1]
         if any(k.startswith("val/") for k in last):
             self.last_val = _mean_acc(last)
-        shown = {"score": f"{last.get('critic/score/mean', float('nan')):.2f}"}
+        shown = {label: f"{last.get(key, float('nan')):.2f}" for label, key in self.shown.items()}
         # The KL to the reference where the run has one: in the reward, else in the loss.
         for name in ("actor/reward_kl_penalty", "actor/kl_loss"):
             if name in last:
@@ -93,8 +106,11 @@ def _tensorboard_writer(log_dir: Path):
 
 
 def _mean_acc(record: dict) -> float:
-    accs = [v for k, v in record.items() if k.startswith("val/") and k.endswith("/acc")]
-    return sum(accs) / len(accs)
+    accs = [v for k, v in record.items() if k.startswith("val/") and k.endswith(ACCURACIES)]
+    return sum(accs) / len(accs) if accs else float("nan")
+
+
+ACCURACIES = ("/acc", "/accuracy")  # a rule's, a reward model's pairwise
 
 
 def _series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -111,15 +127,16 @@ def _series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], lis
     return out
 
 
-def plot_metrics(records: list[dict], path: Path) -> Path:
-    """One PNG with a panel per plotted metric against the step; written atomically."""
+def plot_metrics(records: list[dict], path: Path, panels=PLOTTED) -> Path:
+    """One PNG with a panel per plotted metric (``panels``: (pattern, title)) against the
+    step; written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a training node
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4 * len(PLOTTED), 3.2))
-    for ax, (pattern, title) in zip(axes, PLOTTED, strict=True):
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, (pattern, title) in zip(axes, panels, strict=True):
         for key, (steps, values) in _series(records, pattern).items():
             ax.plot(steps, values, marker="." if len(steps) < 60 else None, label=key)
         ax.set_title(title)

@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from fsdp_sharding import export_hf
+from fsdp_sharding import default_device, export_hf
 from klppo_train.budgets.probe import choose_budgets
 from klppo_train.budgets.run_budgets import BUDGETS_FILE
 from klppo_train.config.preflight import Checked, preflight
 from klppo_train.config.schema import AppConfig, TrainerConfig, to_yaml
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.components import Components
-from klppo_train.ppo.step import ppo_step
+from klppo_train.ppo.step import calibrate_reward_model, ppo_step
+from klppo_train.ppo.trajectories import trajectories
 from klppo_train.runtime.process_group import (
     concat_over_ranks,
     global_metrics,
@@ -36,6 +39,7 @@ from klppo_train.runtime.process_group import (
     is_main,
     launch_world_size,
     rank_slice,
+    world_size,
 )
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components, ensure_model_dir
@@ -44,34 +48,66 @@ from klppo_train.trainer.checkpoints import (
     resolve_resume,
     save_trainer_checkpoint,
 )
-from klppo_train.trainer.report import MetricsLog, plot_metrics, summarize, summary_text
+from klppo_train.trainer.report import (
+    PLOTTED,
+    MetricsLog,
+    plot_metrics,
+    summarize,
+    summary_text,
+)
+from rollout import RolloutBatch
 
 log = logging.getLogger("klppo_train")
 
 
 def validation_accuracy(c: Components, items, batch_size: int = 0) -> dict[str, float]:
-    """Greedy (``rollout.val_temperature``) accuracy per data source, ``val/<source>/acc``,
-    over the whole validation set, ``batch_size`` (``data.val_batch_size``) prompts at a time
-    (all at once when 0; each rank generates its slice of each batch); none without a set."""
+    """Greedy (``rollout.val_temperature``) accuracy per data source, ``val/<source>/acc``
+    (where the source has a rule), over the whole validation set, ``batch_size``
+    (``data.val_batch_size``) prompts at a time (all at once when 0; each rank generates its
+    slice of each batch); with a reward model also its mean score, ``val/reward_model/score``,
+    whatever the training reward is. None without a set."""
     if not items:
         return {}
     size = batch_size or len(items)
     hits: dict[str, list[float]] = {}
+    answered: tuple[list, list] = ([], [])  # this rank's items and samples
     for start in range(0, len(items), size):
-        _score_validation_batch(c, rank_slice(items[start : start + size]), hits)
+        _score_validation_batch(c, rank_slice(items[start : start + size]), hits, answered)
     hits = concat_over_ranks(hits)
-    return {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
+    metrics = {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
+    if c.reward_model is not None and len(items) >= world_size():  # every rank has samples
+        metrics["val/reward_model/score"] = _validation_rm_score(c, *answered)
+    return metrics
 
 
-def _score_validation_batch(c: Components, mine, hits: dict) -> None:
+def _score_validation_batch(c: Components, mine, hits: dict, answered: tuple) -> None:
     if not mine:  # a last batch smaller than the world size leaves some ranks none
         return
     batch = c.engine.generate([list(i.prompt_ids) for i in mine], c.plan.sampling.for_validation())
     for sample in batch.samples:
         item = mine[sample.prompt_index]
+        answered[0].append(item)
+        answered[1].append(replace(sample, prompt_index=len(answered[1])))
+        if not c.rewards.has_rule(item.data_source):
+            continue
         text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
         score = c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info)
         hits.setdefault(item.data_source, []).append(float(score >= 1.0))
+
+
+def _validation_rm_score(c: Components, items: list, samples: list) -> float:
+    """The reward model's mean score (as the reward uses it) of the validation responses,
+    over all ranks (one scoring pass per rank)."""
+    t = trajectories(
+        [i.prompt_ids for i in items],
+        RolloutBatch(samples, policy_version=0),
+        pad_token_id=c.tokenizer.pad_token_id,
+        response_length=c.plan.response_length,
+        device=default_device(),
+    )
+    raw = c.reward_model.scoring(t, c.budgets, 0, items)
+    scores = concat_over_ranks({"score": c.reward_model.score(raw, t).tolist()})["score"]
+    return sum(scores) / len(scores)
 
 
 def total_steps(trainer: TrainerConfig, batches_per_epoch: int) -> int:
@@ -104,7 +140,9 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
         start = time.perf_counter()
         run_dir, model_dir = prepare_run_dir(cfg)
         torch.manual_seed(cfg.trainer.seed)
-        c = build_components(cfg, model_dir, checked.tokenizer, checked.rewards)
+        c = build_components(
+            cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
+        )
         records = _steps(c, cfg, checked, run_dir)
         return finish(run_dir, records, start)
     finally:
@@ -126,6 +164,23 @@ def _token_budgets(c: Components, builder: StepBuilder, run_dir: Path) -> None:
         log.info("token budgets from the checkpoint: %s", c.budgets.tokens)
 
 
+NORMALIZATION_FILE = "reward_normalization.json"  # in the run directory
+
+
+def _calibrate(c: Components, items, run_dir: Path) -> None:
+    """``reward_model.normalize=reference``: measured before step 1, kept in the run
+    directory (and the checkpoints)."""
+    found = calibrate_reward_model(c, items)
+    log.info(
+        "reward model normalized on %d reference samples: mean %.4f, std %.4f",
+        found["samples"], found["mean"], found["std"],
+    )  # fmt: skip
+    if is_main():
+        tmp = run_dir / (NORMALIZATION_FILE + ".tmp")
+        tmp.write_text(json.dumps(found, indent=2))
+        os.replace(tmp, run_dir / NORMALIZATION_FILE)
+
+
 def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> list[dict]:
     """Resume or validate the start, then the PPO steps; the metrics records."""
     train_set, val_set = checked.train, checked.val
@@ -138,6 +193,8 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
     _token_budgets(c, builder, run_dir)
     if first:
         c.weight_sync.sync(version=first)
+    elif c.reward_model is not None and c.reward_model.normalize == "reference":
+        _calibrate(c, train_set.items, run_dir)
     metrics_log = MetricsLog(run_dir, first, steps, enabled=is_main())
     if not first and cfg.trainer.val_before_train:
         metrics_log.log(0, validation_accuracy(c, val_set.items, cfg.data.val_batch_size))
@@ -159,11 +216,11 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
     return metrics_log.records
 
 
-def finish(run_dir: Path, records: list[dict], start: float) -> dict:
-    """Plot + summary on rank 0 (the others wait)."""
+def finish(run_dir: Path, records: list[dict], start: float, panels=PLOTTED) -> dict:
+    """Plot (``panels``) + summary on rank 0 (the others wait)."""
     summary: dict = {}
     if is_main():
-        plot = plot_metrics(records, run_dir / "metrics.png")
+        plot = plot_metrics(records, run_dir / "metrics.png", panels)
         summary = summarize(records, (time.perf_counter() - start) / 60, run_dir, plot)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(summary_text(summary), flush=True)

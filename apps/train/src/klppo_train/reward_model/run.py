@@ -1,0 +1,251 @@
+"""``trainer.task=reward_model``: train a reward model on preference pairs.
+
+The PPO run's machinery with a reward model as its one trainee: the model sharded with
+``fsdp_sharding`` (``reward_training.fsdp``, ``model.dtype`` compute), the token budget
+(a number or ``auto``: probed on the real update) with the OOM back-off, checkpoints and
+resume (``trainer.*``), ``metrics.jsonl`` / progress bar / plot / ``summary.json``. Per step:
+one optimizer step on ``data.train_batch_size`` pairs (each rank its share); every
+``trainer.test_freq`` steps the held-out pairwise accuracy (``val/rm/accuracy``). At the end
+the model is exported to ``run_dir/reward_model_hf`` with the final validation scores' mean
+and std in its config (:mod:`klppo_train.reward_model.hf_dir`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from fsdp_sharding import default_device
+from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape, choose_budgets
+from klppo_train.budgets.roles import static_micro_batch_size
+from klppo_train.budgets.run_budgets import BUDGETS_FILE, RunBudgets, configured
+from klppo_train.config.errors import UserError, user_errors
+from klppo_train.config.preflight import CheckedPairs, preflight_pairs
+from klppo_train.config.schema import AppConfig, load_config
+from klppo_train.data.datasets import PromptLoader
+from klppo_train.ppo.passes import Pass
+from klppo_train.reward_model.hf_dir import (
+    export_reward_model,
+    init_score_head,
+    is_reward_model_dir,
+    scalar_head_config,
+)
+from klppo_train.reward_model.training import (
+    PairBatch,
+    PairwiseLoss,
+    RewardTrainee,
+    pairwise_accuracy,
+)
+from klppo_train.runtime.precision import resolve_precision
+from klppo_train.runtime.process_group import (
+    global_metrics,
+    init_distributed,
+    is_main,
+    launch_world_size,
+    rank_slice,
+    world_size,
+)
+from klppo_train.trainer.assemble import adamw
+from klppo_train.trainer.build import _load, _sharded, _values_not_a_view
+from klppo_train.trainer.checkpoints import (
+    BudgetsInForce,
+    RNGStates,
+    load_checkpoint_dir,
+    resolve_resume,
+    save_checkpoint_dir,
+)
+from klppo_train.trainer.report import PLOTTED_RM, SHOWN_RM, MetricsLog
+from klppo_train.trainer.run import _due, finish, prepare_run_dir, total_steps
+from klppo_train.trainer.schedule import make_scheduler
+
+log = logging.getLogger("klppo_train")
+EXPORT_DIR = "reward_model_hf"
+
+
+@dataclass
+class RewardModelRun:
+    """The run's trainee and what the probe and the checkpoints ask of a run."""
+
+    trainee: RewardTrainee
+    tokenizer: Any
+    budgets: RunBudgets | None = None
+    scores: list[float] = field(default_factory=list)  # the last validation's
+
+    def pass_for(self, role: str) -> RewardTrainee | None:
+        return self.trainee if role == "reward_training" else None
+
+    def trainees(self) -> list[RewardTrainee]:
+        return [self.trainee]
+
+    def models(self) -> list:
+        return [self.trainee.model]
+
+
+def build_reward_model(cfg: AppConfig, model_dir: Path):
+    """The reward model as klppo's passes run it (a bias-free one-label token classifier):
+    a reward model's directory as it is, or a causal LM's backbone with a fresh head
+    (from ``trainer.seed``), sharded with ``reward_training.fsdp``."""
+    compute = resolve_precision(cfg.model.dtype, default_device())
+    model = _load(
+        cfg, AutoModelForTokenClassification, model_dir, torch.float32,
+        config=scalar_head_config(model_dir),
+    )  # fmt: skip
+    if not is_reward_model_dir(model_dir):
+        init_score_head(model, cfg.trainer.seed)
+    model.register_forward_hook(_values_not_a_view)
+    return _sharded(model, cfg.reward_training.fsdp, compute)
+
+
+def reward_trainee(cfg: AppConfig, model) -> RewardTrainee:
+    rt = cfg.reward_training
+    return RewardTrainee(
+        name="reward_model",
+        model=model,
+        optimizer=adamw(model, rt.lr, rt.weight_decay),
+        loss=PairwiseLoss(rt.center_rewards_coefficient),
+        update=Pass(
+            name="update_reward_model",
+            micro_batch_size=static_micro_batch_size(cfg, "reward_training"),
+        ),
+        epochs=1,
+        rows_per_mini_batch=2 * cfg.data.train_batch_size // world_size(),
+        grad_clip=rt.grad_clip,
+        offload_optimizer=rt.fsdp.optimizer_offload,
+    )
+
+
+def probe_shape(cfg: AppConfig) -> ProbeShape:
+    return ProbeShape(
+        sequence=cfg.data.max_prompt_length + cfg.reward_training.max_response_length,
+        response=cfg.reward_training.max_response_length,
+        step_rows=2 * cfg.data.train_batch_size // world_size(),
+        quadratic=cfg.model.attn_implementation in QUADRATIC_ATTENTION,
+        memory_limit_gib=cfg.trainer.memory_limit_gib,
+        engine_sleeps=False,
+        unit_rows=2,
+    )
+
+
+def train_reward_model(cfg: AppConfig, checked: CheckedPairs | None = None) -> dict:
+    """Train (resuming if asked), export ``run_dir/reward_model_hf``; the summary."""
+    checked = checked or preflight_pairs(cfg, launch_world_size())
+    init_distributed()
+    try:
+        start = time.perf_counter()
+        run_dir, model_dir = prepare_run_dir(cfg)
+        torch.manual_seed(cfg.trainer.seed)
+        model = build_reward_model(cfg, model_dir)
+        run = RewardModelRun(reward_trainee(cfg, model), checked.tokenizer)
+        records = _steps(run, cfg, checked, run_dir)
+        return finish(run_dir, records, start, PLOTTED_RM)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _budgets(run: RewardModelRun, cfg: AppConfig, run_dir: Path) -> None:
+    path = run_dir / BUDGETS_FILE if is_main() else None
+    if run.budgets is None:
+        chosen = {"reward_training": configured(cfg, "reward_training")}
+        run.budgets = choose_budgets(run, chosen, probe_shape(cfg), path)
+    else:
+        run.budgets.path = path
+        run.budgets.write()
+
+
+def _validate(run: RewardModelRun, checked: CheckedPairs) -> dict[str, float]:
+    if not len(checked.val):
+        return {}
+    budget = run.budgets["reward_training"]
+    pad = run.tokenizer.pad_token_id
+    metrics, run.scores = pairwise_accuracy(run.trainee.model, checked.val.pairs, pad, budget)
+    return metrics
+
+
+def _steps(run: RewardModelRun, cfg: AppConfig, checked: CheckedPairs, run_dir: Path):
+    trainer = cfg.trainer
+    loader = PromptLoader(checked.train, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
+    steps = total_steps(trainer, len(loader))
+    rt = cfg.reward_training
+    scheduler = make_scheduler(
+        run.trainee.optimizer, warmup_steps=rt.lr_warmup_steps, total_steps=steps,
+        kind=rt.lr_scheduler,
+    )  # fmt: skip
+    states = {"lr_scheduler/reward_model": scheduler, "loader": loader,
+              "budgets": BudgetsInForce(run), "rng": RNGStates()}  # fmt: skip
+    resume_from = resolve_resume(run_dir, trainer.resume_mode, first="reward_model")
+    first = load_checkpoint_dir(resume_from, run.trainees(), states) if resume_from else 0
+    _budgets(run, cfg, run_dir)
+    metrics_log = MetricsLog(run_dir, first, steps, is_main(), "reward model", SHOWN_RM)
+    if not first and trainer.val_before_train:
+        metrics_log.log(0, _validate(run, checked))
+    last = min(steps, trainer.stop_at_step or steps)
+    for step in range(first + 1, last + 1):
+        started = time.perf_counter()
+        batch = PairBatch.of(rank_slice(loader.next_batch()), run.tokenizer.pad_token_id)
+        metrics = run.trainee.train(batch, run.budgets, step)
+        scheduler.step()
+        metrics.update(run.budgets.metrics())
+        metrics["timing_s/step"] = time.perf_counter() - started
+        if trainer.test_freq and _due(step, trainer.test_freq, steps):
+            metrics.update(_validate(run, checked))
+        metrics_log.log(step, global_metrics(metrics))
+        if _due(step, trainer.save_freq, last):
+            save_checkpoint_dir(run_dir, run.trainees(), states, step, trainer.max_ckpt_to_keep)
+    metrics_log.close()
+    if last == steps:
+        validated = "val/rm/accuracy" in metrics_log.records[-1]
+        _export(run, checked, run_dir, run.scores if validated else [])
+    return metrics_log.records
+
+
+def _export(run: RewardModelRun, checked: CheckedPairs, run_dir: Path, scores: list) -> None:
+    """``reward_model_hf`` with the mean/std of the final model's ``scores`` on the
+    held-out pairs (measured here when the last step did not validate; the training
+    pairs' when there are none)."""
+    if not scores:
+        pool = checked.val if len(checked.val) else checked.train
+        _, scores = pairwise_accuracy(
+            run.trainee.model, pool.pairs, run.tokenizer.pad_token_id,
+            run.budgets["reward_training"],
+        )  # fmt: skip
+    scores = torch.tensor(scores, dtype=torch.float64)
+    std = float(scores.std()) if len(scores) > 1 else 1.0
+    export_reward_model(
+        run.trainee.model, run.tokenizer, run_dir / EXPORT_DIR, float(scores.mean()), std
+    )
+
+
+def ensure_reward_model(cfg: AppConfig) -> None:
+    """Train the reward model of a PPO run first when ``reward_model.path`` is missing and
+    ``reward_model.source`` names its recipe (one process; under torchrun train it first),
+    then put its export at ``reward_model.path``."""
+    rm = cfg.reward_model
+    path = Path(rm.path).expanduser()
+    if not (rm.enable and rm.source) or (path / "config.json").is_file():
+        return
+    if launch_world_size() > 1:
+        raise UserError(
+            f"reward_model.path={rm.path!r} is missing: under torchrun, train it first "
+            f"(klppo-train {rm.source}) or give its directory"
+        )
+    with user_errors(f"reward_model.source={rm.source!r}: "):
+        rm_cfg = load_config(rm.source)
+        if rm_cfg.trainer.task != "reward_model":
+            raise ValueError("not a reward-model recipe (trainer.task=reward_model)")
+    log.info("reward_model.path=%s is missing: training it with %s first", rm.path, rm.source)
+    train_reward_model(rm_cfg)
+    export = Path(rm_cfg.trainer.run_dir).expanduser() / EXPORT_DIR
+    if export.resolve() != path.resolve():
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(export, tmp)
+        os.replace(tmp, path)
