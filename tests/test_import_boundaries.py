@@ -28,6 +28,8 @@ ALLOWED = {
         "tokenizers",
         "tqdm",
         "matplotlib",
+        "wandb",  # optional trackers (trainer.logger), imported only when chosen
+        "mlflow",
         "torch",
         "numpy",
         "transformers",

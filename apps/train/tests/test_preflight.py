@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -367,3 +369,46 @@ def test_a_bad_reward_model_directory_exits_2(run, capsys, tmp_path) -> None:
         _exit_2_matching(run, capsys, [*on, *args], match)
     critic = [f"critic.model_path={tmp_path / 'none'}"]
     _exit_2_matching(run, capsys, critic, "critic.model_path=.*no HF model directory")
+
+
+HEAVY = ("torch", "transformers", "vllm")
+# What main() answers before torch, transformers or vLLM is imported: a typo'd key, a
+# structurally bad data row, --help. In a fresh interpreter: this test process has torch.
+FAST_ANSWERS = {
+    "unknown key": (["foo.bar=1"], 2, "unknown config key 'foo.bar'"),
+    "bad row": (["data.train_files=[BAD]"], 2, "row 0: 'prompt' must be"),
+    "bad value": (["actor.ppo_mini_batch_size=0"], 2, "actor.ppo_mini_batch_size must be"),
+    "help": (["--help"], 0, "usage: klppo-train"),
+}
+
+
+@pytest.mark.parametrize("name", FAST_ANSWERS)
+def test_errors_answer_before_torch_loads(tmp_path, name) -> None:
+    args, code, says = FAST_ANSWERS[name]
+    bad = _raw_parquet(tmp_path / "bad.parquet", [_row(prompt=...)] * 40)
+    args = [a.replace("BAD", str(bad)) for a in args] + [f"trainer.run_dir={tmp_path / 'run'}"]
+    script = (
+        "import sys\n"
+        "from klppo_train.__main__ import main\n"
+        f"try:\n    code = main({args!r})\nexcept SystemExit as exit:\n    code = exit.code\n"
+        f"print('RESULT', code, sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert f"RESULT {code} []" in out.stdout, out.stdout + out.stderr
+    assert says in out.stdout + out.stderr
+
+
+def test_config_modules_import_no_torch() -> None:
+    modules = ["klppo_train.config", *(f"klppo_train.config.{m}" for m in CONFIG_MODULES)]
+    script = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+CONFIG_MODULES = ("schema", "validate", "preflight", "explain", "verl_names", "errors", "choices")

@@ -219,7 +219,7 @@ def test_the_export_loads_with_transformers_and_scores_alike(trained) -> None:
 def _rm_as_klppo_loads(path: Path):
     from transformers import AutoModelForTokenClassification
 
-    from klppo_train.reward_model.hf_dir import scalar_head_config
+    from klppo_train.reward_model.export import scalar_head_config
 
     model = AutoModelForTokenClassification.from_pretrained(path, config=scalar_head_config(path))
     model.set_attn_implementation(VARLEN)

@@ -50,11 +50,10 @@ STEP_METRICS = (
 
 
 def overrides(run: Path, engine: str = "hf", steps: int = 2) -> list[str]:
+    """The default recipe, shortened, in ``run`` (its data and model follow the run dir)."""
     return [
         str(RECIPE),
         f"trainer.run_dir={run}",
-        f"data.train_files=[{run}/data/train.parquet]",
-        f"data.val_files=[{run}/data/val.parquet]",
         "model.warmup_steps=10",
         f"trainer.total_training_steps={steps}",
         "trainer.test_freq=1",
@@ -186,12 +185,7 @@ def test_default_recipe_learns(tmp_path: Path) -> None:
     rises by at least 20 points over the PPO phase; the baseline is measured after the
     supervised warm-up, so the gain is RL's."""
     run = tmp_path / "run"
-    args = [
-        f"trainer.run_dir={run}",
-        f"data.train_files=[{run}/data/train.parquet]",
-        f"data.val_files=[{run}/data/val.parquet]",
-    ]
-    done = _run_cli(args, [sys.executable])
+    done = _run_cli([f"trainer.run_dir={run}"], [sys.executable])
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((run / "summary.json").read_text())
     baseline = summary["baseline_val/arithmetic/acc"]

@@ -39,15 +39,13 @@ RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2_arith.yaml"
 
 
 def test_recipe_prepares_itself_and_gets_a_reward(tmp_path: Path) -> None:
-    """Two steps of the real recipe on a fresh run directory: it converts its model and
-    writes its data (held-out validation), and the rule gives the model some reward."""
+    """Two steps of the real recipe on a fresh run directory given by trainer.run_dir alone:
+    it converts its model and writes its data there (held-out validation), and the rule
+    gives the model some reward."""
     run = tmp_path / "run"
     args = [
         str(RECIPE),
         f"trainer.run_dir={run}",
-        f"model.path={run}/model",
-        f"data.train_files=[{run}/data/train.parquet]",
-        f"data.val_files=[{run}/data/val.parquet]",
         "trainer.total_training_steps=2",
         "trainer.test_freq=0",
         "trainer.save_freq=0",

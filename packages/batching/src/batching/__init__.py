@@ -24,100 +24,74 @@
   (memory within an allowance, on CPU up to where tokens/s stops rising) → :class:`ProbePoint`
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-
-from batching.attention import (
-    AttentionGroup,
-    GroupAttention,
-    VarlenLayout,
-    group_by_length,
-    matmul_causal_attention,
-    sdpa_causal_attention,
-    sequence_layout,
-    varlen_causal_attention,
-    varlen_layout,
-)
-from batching.budget_search import ProbePoint, search_budget
-from batching.budgets import BudgetFinding, TokenBudgets, check_token_budgets, suggest_token_budgets
-from batching.compiled_attention import MATMUL_MAX_LEN, compiled_group_attention
-from batching.distributed import sync_num_micro_batches
-from batching.micro_batches import (
-    COMPUTE_LINEAR_COEFF,
-    MicroBatchPlan,
-    first_fit_decreasing_count,
-    fixed_size_micro_batches,
-    plan_from_parts,
-    restore_order,
-    sequence_workloads,
-    token_budget_micro_batches,
-)
-from batching.packing import (
-    Packing,
-    block_causal_mask,
-    cu_seqlens_from_positions,
-    next_token_labels,
-    pack,
-    pack_values,
-    unpack,
-)
-from batching.partition import balanced_partitions
-from batching.per_token import PackedFn, micro_batch_plan, per_response_token, run_micro_batch
-from batching.prompt_sharing import (
-    PromptPrefixes,
-    pack_shared_prompts,
-    prompt_prefixes,
-    shared_prompt_plan,
-)
-from batching.ranks import RankAssignment, balance_across_ranks
 
 try:
     __version__ = version("klppo-batching")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = [
-    "COMPUTE_LINEAR_COEFF",
-    "MATMUL_MAX_LEN",
-    "AttentionGroup",
-    "GroupAttention",
-    "VarlenLayout",
-    "BudgetFinding",
-    "MicroBatchPlan",
-    "PackedFn",
-    "Packing",
-    "ProbePoint",
-    "PromptPrefixes",
-    "RankAssignment",
-    "TokenBudgets",
-    "balance_across_ranks",
-    "balanced_partitions",
-    "block_causal_mask",
-    "check_token_budgets",
-    "compiled_group_attention",
-    "cu_seqlens_from_positions",
-    "first_fit_decreasing_count",
-    "fixed_size_micro_batches",
-    "group_by_length",
-    "micro_batch_plan",
-    "next_token_labels",
-    "pack",
-    "pack_shared_prompts",
-    "pack_values",
-    "per_response_token",
-    "plan_from_parts",
-    "matmul_causal_attention",
-    "prompt_prefixes",
-    "restore_order",
-    "run_micro_batch",
-    "search_budget",
-    "sdpa_causal_attention",
-    "sequence_layout",
-    "sequence_workloads",
-    "shared_prompt_plan",
-    "suggest_token_budgets",
-    "sync_num_micro_batches",
-    "token_budget_micro_batches",
-    "unpack",
-    "varlen_causal_attention",
-    "varlen_layout",
-]
+# name → the submodule that defines it, imported on first use (PEP 562): a caller that
+# needs one torch-free name (a config check) does not pay for torch.
+_EXPORTS = {
+    "COMPUTE_LINEAR_COEFF": "micro_batches",
+    "MATMUL_MAX_LEN": "compiled_attention",
+    "AttentionGroup": "attention",
+    "GroupAttention": "attention",
+    "VarlenLayout": "attention",
+    "BudgetFinding": "budgets",
+    "MicroBatchPlan": "micro_batches",
+    "PackedFn": "per_token",
+    "Packing": "packing",
+    "ProbePoint": "budget_search",
+    "PromptPrefixes": "prompt_sharing",
+    "RankAssignment": "ranks",
+    "TokenBudgets": "budgets",
+    "balance_across_ranks": "ranks",
+    "balanced_partitions": "partition",
+    "block_causal_mask": "packing",
+    "check_token_budgets": "budgets",
+    "compiled_group_attention": "compiled_attention",
+    "cu_seqlens_from_positions": "packing",
+    "first_fit_decreasing_count": "micro_batches",
+    "fixed_size_micro_batches": "micro_batches",
+    "group_by_length": "attention",
+    "micro_batch_plan": "per_token",
+    "next_token_labels": "packing",
+    "pack": "packing",
+    "pack_shared_prompts": "prompt_sharing",
+    "pack_values": "packing",
+    "per_response_token": "per_token",
+    "plan_from_parts": "micro_batches",
+    "matmul_causal_attention": "attention",
+    "prompt_prefixes": "prompt_sharing",
+    "restore_order": "micro_batches",
+    "run_micro_batch": "per_token",
+    "search_budget": "budget_search",
+    "sdpa_causal_attention": "attention",
+    "sequence_layout": "attention",
+    "sequence_workloads": "micro_batches",
+    "shared_prompt_plan": "prompt_sharing",
+    "suggest_token_budgets": "budgets",
+    "sync_num_micro_batches": "distributed",
+    "token_budget_micro_batches": "micro_batches",
+    "unpack": "packing",
+    "varlen_causal_attention": "attention",
+    "varlen_layout": "attention",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = list(_EXPORTS)

@@ -8,40 +8,48 @@
 - :func:`save_checkpoint`, :func:`load_checkpoint` (DCP, atomic), :func:`export_hf`
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-
-from fsdp_sharding.activations import ActivationOffload, GradientCheckpointing, clean_name
-from fsdp_sharding.checkpoint import export_hf, load_checkpoint, save_checkpoint
-from fsdp_sharding.config import MixedPrecision, ShardingConfig
-from fsdp_sharding.grad import clip_grad_norm
-from fsdp_sharding.memory import load_model, load_optimizer, offload_model, offload_optimizer
-from fsdp_sharding.mesh import build_mesh, default_device
-from fsdp_sharding.shard import shard_model
-from fsdp_sharding.state import iter_full_state_dict
-from fsdp_sharding.units import choose_shard_units
 
 try:
     __version__ = version("klppo-fsdp-sharding")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = [
-    "ActivationOffload",
-    "GradientCheckpointing",
-    "MixedPrecision",
-    "ShardingConfig",
-    "build_mesh",
-    "choose_shard_units",
-    "clean_name",
-    "clip_grad_norm",
-    "default_device",
-    "export_hf",
-    "iter_full_state_dict",
-    "load_checkpoint",
-    "load_model",
-    "load_optimizer",
-    "offload_model",
-    "offload_optimizer",
-    "save_checkpoint",
-    "shard_model",
-]
+# name → the submodule that defines it, imported on first use (PEP 562): a caller that
+# needs one torch-free name (a config check) does not pay for torch.
+_EXPORTS = {
+    "ActivationOffload": "activations",
+    "GradientCheckpointing": "activations",
+    "MixedPrecision": "config",
+    "ShardingConfig": "config",
+    "build_mesh": "mesh",
+    "choose_shard_units": "units",
+    "clean_name": "activations",
+    "clip_grad_norm": "grad",
+    "default_device": "mesh",
+    "export_hf": "checkpoint",
+    "iter_full_state_dict": "state",
+    "load_checkpoint": "checkpoint",
+    "load_model": "memory",
+    "load_optimizer": "memory",
+    "offload_model": "memory",
+    "offload_optimizer": "memory",
+    "save_checkpoint": "checkpoint",
+    "shard_model": "shard",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = list(_EXPORTS)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads on first use of a dtype: a config is checked without it
+    import torch
 
 STRATEGIES = ("fsdp2", "fsdp1")
 
@@ -19,7 +21,7 @@ def dtype_name(value: str | torch.dtype | None, field: str) -> str | None:
     ``torch.dtype``; ``None`` stays ``None``."""
     if value is None:
         return None
-    name = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+    name = value if isinstance(value, str) else str(value).removeprefix("torch.")
     name = DTYPE_NAMES.get(name, name)
     if name not in FLOAT_DTYPES:
         raise ValueError(
@@ -65,7 +67,11 @@ class MixedPrecision:
 
 
 def _torch_dtype(name: str | None) -> torch.dtype | None:
-    return None if name is None else getattr(torch, name)
+    if name is None:
+        return None
+    import torch
+
+    return getattr(torch, name)
 
 
 GPU_DEFAULT_PRECISION = MixedPrecision(

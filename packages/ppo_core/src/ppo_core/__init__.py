@@ -14,55 +14,54 @@ Plain functions with explicit arguments, so they drop into any training loop:
   :func:`pairwise_reward_loss` (a reward model's Bradley–Terry loss)
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-
-from ppo_core.advantages import (
-    compute_gae,
-    compute_grpo_advantages,
-    compute_reinforce_pp_advantages,
-    compute_rloo_advantages,
-)
-from ppo_core.kl import KL_ESTIMATORS, apply_kl_penalty, kl_penalty
-from ppo_core.kl_control import AdaptiveKLController, FixedKLController
-from ppo_core.logits import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
-from ppo_core.losses import (
-    LOSS_AGG_MODES,
-    SHARE_METRICS,
-    aggregate_loss,
-    policy_loss,
-    value_loss,
-)
-from ppo_core.masked import SumOverRanks, masked_mean, masked_sum, masked_var, masked_whiten
-from ppo_core.rewards import pairwise_reward_loss, token_level_scores
 
 try:
     __version__ = version("klppo-ppo-core")
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "LOSS_AGG_MODES",
-    "SHARE_METRICS",
-    "AdaptiveKLController",
-    "FixedKLController",
-    "aggregate_loss",
-    "apply_kl_penalty",
-    "compute_gae",
-    "compute_grpo_advantages",
-    "compute_reinforce_pp_advantages",
-    "compute_rloo_advantages",
-    "entropy_from_logits",
-    "kl_penalty",
-    "logprobs_and_entropy",
-    "logprobs_from_logits",
-    "masked_mean",
-    "masked_sum",
-    "masked_var",
-    "masked_whiten",
-    "SumOverRanks",
-    "pairwise_reward_loss",
-    "policy_loss",
-    "token_level_scores",
-    "value_loss",
-]
+# name → the submodule that defines it, imported on first use (PEP 562): a caller that
+# needs one torch-free name (a config check) does not pay for torch.
+_EXPORTS = {
+    "KL_ESTIMATORS": "options",
+    "LOSS_AGG_MODES": "options",
+    "SHARE_METRICS": "losses",
+    "AdaptiveKLController": "kl_control",
+    "FixedKLController": "kl_control",
+    "aggregate_loss": "losses",
+    "apply_kl_penalty": "kl",
+    "compute_gae": "advantages",
+    "compute_grpo_advantages": "advantages",
+    "compute_reinforce_pp_advantages": "advantages",
+    "compute_rloo_advantages": "advantages",
+    "entropy_from_logits": "logits",
+    "kl_penalty": "kl",
+    "logprobs_and_entropy": "logits",
+    "logprobs_from_logits": "logits",
+    "masked_mean": "masked",
+    "masked_sum": "masked",
+    "masked_var": "masked",
+    "masked_whiten": "masked",
+    "SumOverRanks": "masked",
+    "pairwise_reward_loss": "rewards",
+    "policy_loss": "losses",
+    "token_level_scores": "rewards",
+    "value_loss": "losses",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = list(_EXPORTS)

@@ -12,6 +12,7 @@ import torch
 
 from ppo_core._checks import check_floating, check_ndim, check_same_shape, mask_as
 from ppo_core.masked import masked_mean
+from ppo_core.options import KL_BASE_ESTIMATORS, KL_ESTIMATORS
 
 
 def _k1(delta: torch.Tensor) -> torch.Tensor:
@@ -45,8 +46,8 @@ _ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "low_var_kl": _k3,
 }
 
-KL_ESTIMATORS: tuple[str, ...] = tuple(_ESTIMATORS) + tuple(f"{n}+" for n in _ESTIMATORS)
-"""Every name :func:`kl_penalty` accepts."""
+if tuple(_ESTIMATORS) != KL_BASE_ESTIMATORS:  # the torch-free list must name these
+    raise ImportError(f"ppo_core.options.KL_BASE_ESTIMATORS != {tuple(_ESTIMATORS)}")
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, estimator: str) -> torch.Tensor:

@@ -17,14 +17,7 @@ import torch
 
 from ppo_core._checks import check_floating, check_ndim, check_same_shape, mask_as
 from ppo_core.masked import masked_mean
-
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-"""Every ``mode`` :func:`aggregate_loss` accepts."""
+from ppo_core.options import LOSS_AGG_MODES
 
 SHARE_METRICS = ("pg_loss", "vf_loss")
 """Metrics of :func:`policy_loss` / :func:`value_loss` that are micro-batch *shares* of the

@@ -6,30 +6,41 @@
 - :class:`WeightSync`, :func:`logprob_mismatch`; :func:`left_pad` (prompts as ``[B, P]`` tensors)
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-
-from rollout.config import SamplingConfig
-from rollout.hf_engine import HFEngine, HFEngineConfig
-from rollout.protocol import RolloutEngine
-from rollout.sync import WeightSync, logprob_mismatch
-from rollout.types import RolloutBatch, Sample, left_pad
-from rollout.vllm_engine import VLLMConfig, VLLMEngine
 
 try:
     __version__ = version("klppo-rollout")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = [
-    "HFEngine",
-    "HFEngineConfig",
-    "RolloutBatch",
-    "RolloutEngine",
-    "Sample",
-    "SamplingConfig",
-    "VLLMConfig",
-    "VLLMEngine",
-    "WeightSync",
-    "left_pad",
-    "logprob_mismatch",
-]
+# name → the submodule that defines it, imported on first use (PEP 562): a caller that
+# needs one torch-free name (a config check) does not pay for torch.
+_EXPORTS = {
+    "HFEngine": "hf_engine",
+    "HFEngineConfig": "config",
+    "RolloutBatch": "types",
+    "RolloutEngine": "protocol",
+    "Sample": "types",
+    "SamplingConfig": "config",
+    "VLLMConfig": "config",
+    "VLLMEngine": "vllm_engine",
+    "WeightSync": "sync",
+    "left_pad": "types",
+    "logprob_mismatch": "sync",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = list(_EXPORTS)

@@ -1,4 +1,6 @@
-"""Sampling settings shared by every engine."""
+"""The engines' settings: sampling (shared by every engine), the HF engine's, vLLM's.
+
+Plain dataclasses without torch, so a configuration can be checked before torch loads."""
 
 from __future__ import annotations
 
@@ -48,3 +50,83 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFEngineConfig:
+    """Attributes:
+    pad_token_id: filler for left-padded prompts and finished rows (the tokenizer's; the
+        engine refuses to start without one).
+    eos_token_ids: ids that end a response.
+    max_tokens_per_batch: rows × (longest prompt + max_new_tokens) per ``generate`` call:
+        the engine's memory lever (its KV cache grows with it).
+    max_model_len: refuse prompts that leave no room below this length.
+    """
+
+    pad_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    max_tokens_per_batch: int = 16384
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_batch < 1:
+            raise ValueError(
+                f"HFEngineConfig.max_tokens_per_batch must be >= 1, got {self.max_tokens_per_batch}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLLMConfig:
+    """The vLLM knobs users know (vLLM's ``EngineArgs`` of the same names).
+
+    Attributes:
+        tensor_parallel_size: GPUs one engine spans.
+        gpu_memory_utilization: GPU only: fraction of GPU memory vLLM may take (weights +
+            KV cache), in (0, 1].
+        max_num_batched_tokens: tokens per engine step (prefill chunk); ``None`` = vLLM's.
+        max_num_seqs: sequences decoded together.
+        max_model_len: prompt + response limit; ``None`` = the model's.
+        dtype: weights/activations dtype; ``None`` = float32 on CPU (bf16 there is slower
+            on CPUs without AVX512-BF16 and its log-probs drift ~1e-3 from an fp32 trainer),
+            "auto" on GPU.
+        enforce_eager: no CUDA graphs (faster start, slower decode).
+        enable_prefix_caching: reuse KV blocks of shared prompt prefixes (GRPO groups).
+        kv_cache_space_gib: CPU only: KV cache size (passed as ``kv_cache_memory_bytes``);
+            vLLM's CPU default asks for 92 % of RAM and fails.
+        disable_log_stats: skip vLLM's periodic stats (and the KV-usage metric).
+        distributed_executor_backend: vLLM's ("mp", "ray", ...); ``None`` = its choice.
+        sleep_level: GPU only: 1 offloads weights and drops the KV cache, 2 drops both.
+        seed: the engine's base seed (requests with their own seed ignore it).
+    """
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    dtype: str | None = None
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    kv_cache_space_gib: float = 1.0
+    disable_log_stats: bool = True
+    distributed_executor_backend: str | None = None
+    sleep_level: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
+            ("sleep_level", self.sleep_level in (1, 2), "1 or 2"),
+            ("tensor_parallel_size", self.tensor_parallel_size >= 1, ">= 1"),
+            ("max_num_seqs", self.max_num_seqs >= 1, ">= 1"),
+            ("kv_cache_space_gib", self.kv_cache_space_gib > 0, "> 0"),
+            ("max_num_batched_tokens", _none_or_positive(self.max_num_batched_tokens), ">= 1"),
+            ("max_model_len", _none_or_positive(self.max_model_len), ">= 1"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"VLLMConfig.{name} must be {rule}, got {getattr(self, name)!r}")
+
+
+def _none_or_positive(value: int | None) -> bool:
+    return value is None or value >= 1

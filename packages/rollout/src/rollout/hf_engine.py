@@ -8,38 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig
 
-from rollout.config import SamplingConfig
+from rollout.config import HFEngineConfig, SamplingConfig
 from rollout.types import RolloutBatch, Sample, check_prompts, check_seeds, left_pad
-
-
-@dataclass(frozen=True, kw_only=True)
-class HFEngineConfig:
-    """Attributes:
-    pad_token_id: filler for left-padded prompts and finished rows (the tokenizer's; the
-        engine refuses to start without one).
-    eos_token_ids: ids that end a response.
-    max_tokens_per_batch: rows × (longest prompt + max_new_tokens) per ``generate`` call:
-        the engine's memory lever (its KV cache grows with it).
-    max_model_len: refuse prompts that leave no room below this length.
-    """
-
-    pad_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    max_tokens_per_batch: int = 16384
-    max_model_len: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens_per_batch < 1:
-            raise ValueError(
-                f"HFEngineConfig.max_tokens_per_batch must be >= 1, got {self.max_tokens_per_batch}"
-            )
 
 
 class HFEngine:

@@ -11,73 +11,16 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rollout.config import SamplingConfig
+from rollout.config import SamplingConfig, VLLMConfig
 from rollout.types import RolloutBatch, Sample, check_prompts, check_seeds
 
 log = logging.getLogger("rollout")
-
-
-@dataclass(frozen=True, kw_only=True)
-class VLLMConfig:
-    """The vLLM knobs users know (vLLM's ``EngineArgs`` of the same names).
-
-    Attributes:
-        tensor_parallel_size: GPUs one engine spans.
-        gpu_memory_utilization: GPU only: fraction of GPU memory vLLM may take (weights +
-            KV cache), in (0, 1].
-        max_num_batched_tokens: tokens per engine step (prefill chunk); ``None`` = vLLM's.
-        max_num_seqs: sequences decoded together.
-        max_model_len: prompt + response limit; ``None`` = the model's.
-        dtype: weights/activations dtype; ``None`` = float32 on CPU (bf16 there is slower
-            on CPUs without AVX512-BF16 and its log-probs drift ~1e-3 from an fp32 trainer),
-            "auto" on GPU.
-        enforce_eager: no CUDA graphs (faster start, slower decode).
-        enable_prefix_caching: reuse KV blocks of shared prompt prefixes (GRPO groups).
-        kv_cache_space_gib: CPU only: KV cache size (passed as ``kv_cache_memory_bytes``);
-            vLLM's CPU default asks for 92 % of RAM and fails.
-        disable_log_stats: skip vLLM's periodic stats (and the KV-usage metric).
-        distributed_executor_backend: vLLM's ("mp", "ray", ...); ``None`` = its choice.
-        sleep_level: GPU only: 1 offloads weights and drops the KV cache, 2 drops both.
-        seed: the engine's base seed (requests with their own seed ignore it).
-    """
-
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
-    max_model_len: int | None = None
-    dtype: str | None = None
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    kv_cache_space_gib: float = 1.0
-    disable_log_stats: bool = True
-    distributed_executor_backend: str | None = None
-    sleep_level: int = 1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
-            ("sleep_level", self.sleep_level in (1, 2), "1 or 2"),
-            ("tensor_parallel_size", self.tensor_parallel_size >= 1, ">= 1"),
-            ("max_num_seqs", self.max_num_seqs >= 1, ">= 1"),
-            ("kv_cache_space_gib", self.kv_cache_space_gib > 0, "> 0"),
-            ("max_num_batched_tokens", _none_or_positive(self.max_num_batched_tokens), ">= 1"),
-            ("max_model_len", _none_or_positive(self.max_model_len), ">= 1"),
-        ]
-        for name, ok, rule in checks:
-            if not ok:
-                raise ValueError(f"VLLMConfig.{name} must be {rule}, got {getattr(self, name)!r}")
-
-
-def _none_or_positive(value: int | None) -> bool:
-    return value is None or value >= 1
 
 
 def _on_cpu() -> bool:

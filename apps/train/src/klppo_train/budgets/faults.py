@@ -14,8 +14,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
 from klppo_train.budgets.roles import PASS_ROLES
 
 ENV = "KLPPO_FAULT_OOM"
@@ -71,6 +69,8 @@ class OOMFaults:
         if fault in self.pending:
             self.pending.discard(fault)
             self.raised += 1
+            import torch  # not at the top: the checks that read the variable run without it
+
             raise torch.OutOfMemoryError(f"injected by {ENV} at {fault[0]}:{fault[1]}:{index}")
 
 

@@ -28,6 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+AUTO = "auto"
+"""A budget key's value that has the probe measure the budget (klppo_train.budgets.probe)."""
+
 
 @dataclass(frozen=True)
 class Role:
@@ -135,3 +138,11 @@ def static_micro_batch_size(cfg: Any, role: str) -> int | None:
     if uses_budget(cfg, role):
         return None
     return config_value(cfg, ROLES[role].micro_batch_key)
+
+
+def longest_sequence(cfg: Any) -> int:
+    """The rule's minimum: a micro-batch must hold one prompt + response of full length (a
+    reward-model run: one pair, two of them)."""
+    if cfg.trainer.task == "reward_model":
+        return 2 * (cfg.data.max_prompt_length + cfg.reward_training.max_response_length)
+    return cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens

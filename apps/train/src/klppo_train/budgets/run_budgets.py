@@ -30,26 +30,24 @@ from typing import Any, TypeVar
 import torch
 
 from klppo_train.budgets.faults import FAULTS
-from klppo_train.budgets.roles import PASS_ROLES, ROLES, config_value, run_roles
+from klppo_train.budgets.roles import (
+    AUTO,
+    PASS_ROLES,
+    ROLES,
+    config_value,
+    longest_sequence,
+    run_roles,
+)
 
 log = logging.getLogger("klppo_train")
 T = TypeVar("T")
 
-AUTO = "auto"
 BUDGETS_FILE = "budgets.json"  # in the run directory
 
 
 def configured(cfg: Any, role: str) -> int | str:
     """The role's budget as the config gives it: a number or ``"auto"``."""
     return config_value(cfg, ROLES[role].budget_key)
-
-
-def longest_sequence(cfg: Any) -> int:
-    """The rule's minimum: a micro-batch must hold one prompt + response of full length (a
-    reward-model run: one pair, two of them)."""
-    if cfg.trainer.task == "reward_model":
-        return 2 * (cfg.data.max_prompt_length + cfg.reward_training.max_response_length)
-    return cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
 
 
 @dataclass

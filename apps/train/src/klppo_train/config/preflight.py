@@ -58,10 +58,8 @@ def _tokenizer(cfg: AppConfig):
         return load_tokenizer(path)
 
 
-def _dataset(cfg: AppConfig, key: str, tokenizer) -> PromptDataset:
-    files = getattr(cfg.data, key)
+def _dataset(cfg: AppConfig, key: str, rows: list, tokenizer) -> PromptDataset:
     with user_errors(f"data.{key}: "):
-        rows = read_rows(files) if files else []
         dataset = PromptDataset(rows, tokenizer, cfg.data)
     limit = cfg.data.max_prompt_length
     if dataset.num_filtered:
@@ -116,10 +114,7 @@ class CheckedPairs:
     val: PairDataset
 
 
-def _pairs(cfg: AppConfig, key: str, tokenizer) -> PairDataset:
-    files = getattr(cfg.data, key)
-    with user_errors(f"data.{key}: "):
-        rows = read_pairs(files) if files else []
+def _pairs(cfg: AppConfig, key: str, rows: list, tokenizer) -> PairDataset:
     pairs = PairDataset(
         rows, tokenizer, cfg.data.max_prompt_length, cfg.reward_training.max_response_length
     )
@@ -139,30 +134,45 @@ def preflight_pairs(cfg: AppConfig, world_size: int = 1, advice: list[str] | Non
     preference pairs row by row (:mod:`klppo_train.reward_model.pairs`)."""
     if not cfg.model.path:
         raise UserError("model.path is empty: trainer.task=reward_model starts from a HF model")
-    return CheckedPairs(*_checked_data(cfg, world_size, advice, _pairs, "pairs"))
+    return CheckedPairs(*_checked_data(cfg, world_size, advice, (read_pairs, _pairs), "pairs"))
 
 
-def _checked_data(cfg: AppConfig, world_size: int, advice, read, unit: str) -> tuple:
+def _checked_data(cfg: AppConfig, world_size: int, advice, data, unit: str) -> tuple:
     """What both tasks check first: ``(advice, tokenizer, train, val)`` -- the config
     (unless the caller ran :func:`validate_config` and passes its ``advice``), the sources,
-    the tokenizer, the data (``read(cfg, key, tokenizer)``) and one full batch of ``unit``."""
+    the data's rows (``data = (read(files), build(cfg, key, rows, tokenizer))``), the
+    tokenizer, the tokenized data and one full batch of ``unit``. Rows are read and checked
+    before the tokenizer loads (it brings transformers and torch): a bad row answers fast."""
     if advice is None:
         with user_errors():
             advice = validate_config(cfg, world_size)
     with user_errors():
         FAULTS.reset_from_env()  # the test hook's variable, checked like a key
         _prepare(cfg)
-    tokenizer = _tokenizer(cfg)
     if not cfg.data.train_files:
         raise UserError(f"data.train_files is empty: give the parquet files of the {unit}")
-    train = read(cfg, "train_files", tokenizer)
-    val = read(cfg, "val_files", tokenizer)
+    read, build = data
+    rows = {}
+    for key in ("train_files", "val_files"):
+        with user_errors(f"data.{key}: "):
+            files = getattr(cfg.data, key)
+            rows[key] = read(files) if files else []
+    tokenizer = _tokenizer(cfg)
+    train, val = (build(cfg, key, rows[key], tokenizer) for key in rows)
     if len(train) < cfg.data.train_batch_size:
         raise UserError(
             f"data.train_files: {len(train)} usable {unit}, fewer than one batch of "
             f"data.train_batch_size={cfg.data.train_batch_size}"
         )
     return advice, tokenizer, train, val
+
+
+def reward_model_missing(cfg: AppConfig) -> bool:
+    """Whether a PPO run must train its reward model first: ``reward_model.source`` names
+    its recipe and ``reward_model.path`` holds no model yet."""
+    rm = cfg.reward_model
+    path = Path(rm.path).expanduser()
+    return bool(rm.enable and rm.source) and not (path / "config.json").is_file()
 
 
 def _reward_model_dir(cfg: AppConfig, key: str, path_str: str):
@@ -223,7 +233,8 @@ def _critic_tokenizer(cfg: AppConfig):
 def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
     """All checks, in order: config (unless the caller ran :func:`validate_config` and
     passes its ``advice``), model directory + tokenizer, data, rewards."""
-    advice, tokenizer, train, val = _checked_data(cfg, world_size, advice, _dataset, "prompts")
+    data = (read_rows, _dataset)
+    advice, tokenizer, train, val = _checked_data(cfg, world_size, advice, data, "prompts")
     rewards = _rewards(cfg, {"train_files": train, "val_files": val})
     rm_tokenizer = _reward_model_checks(cfg, tokenizer)
     return Checked(advice, tokenizer, train, val, rewards, rm_tokenizer)

@@ -356,6 +356,18 @@ class TrainerConfig:
     """The most memory the run's passes may bring the device to (CUDA: the GPU's memory in
     use; CPU: the machine's RAM in use), in GiB, for the auto token budgets. 0 = in use now
     + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.budgets.probe)."""
+    logger: tuple[str, ...] = ("console", "file")
+    """Where metrics go (verl's names): console (the progress bar and the end-of-run
+    summary) | file (metrics.jsonl) | tensorboard | wandb | mlflow; a tracker is an extra of
+    klppo-train (pip install 'klppo-train[wandb]'), imported only when chosen
+    (klppo_train.tracking.trackers)."""
+    project_name: str = "klppo"
+    """The trackers' project (wandb) / experiment (MLflow)."""
+    experiment_name: str = ""
+    """The run's name in the trackers; "" = the run directory's name."""
+    log_val_generations: int = 0
+    """Validation answers recorded per validation step (prompt, response, ground truth,
+    scores): val_generations.jsonl in the run dir and every tracker; 0 = none."""
     n_gpus_per_node: int = 0
     """verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked)."""
     nnodes: int = 0

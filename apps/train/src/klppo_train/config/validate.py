@@ -9,16 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from batching import check_token_budgets
-from fsdp_sharding import default_device
-from klppo_train.budgets.roles import ROLES, run_roles, uses_budget
-from klppo_train.budgets.run_budgets import AUTO, longest_sequence
+from klppo_train.budgets.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
+from klppo_train.config.choices import (
+    ADV_ESTIMATORS,
+    ATTN_IMPLEMENTATIONS,
+    DTYPES,
+    SCHEDULES,
+    VARLEN,
+)
 from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
 from klppo_train.data import sources
-from klppo_train.ppo.algorithm import ADV_ESTIMATORS
 from klppo_train.runtime.allocator import check_allocator
-from klppo_train.runtime.packed_attention import IMPLEMENTATIONS, VARLEN
-from klppo_train.runtime.precision import DTYPES
-from klppo_train.trainer.schedule import SCHEDULES
+from klppo_train.tracking.backends import check_loggers
 from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
 
 CHOICES = {
@@ -31,7 +33,7 @@ CHOICES = {
     "actor.lr_scheduler": SCHEDULES,
     "rollout.engine": ("vllm", "hf"),
     "model.dtype": DTYPES,
-    "model.attn_implementation": IMPLEMENTATIONS,
+    "model.attn_implementation": ATTN_IMPLEMENTATIONS,
     "trainer.task": ("ppo", "reward_model"),
     "reward_model.retemplate": ("auto", "always", "never"),
     "reward_model.normalize": ("none", "stored", "reference"),
@@ -94,6 +96,7 @@ NON_NEGATIVE = {
     "trainer.save_freq": ">= 0",
     "trainer.max_ckpt_to_keep": ">= 0 (0 = keep all)",
     "trainer.stop_at_step": ">= 0",
+    "trainer.log_val_generations": ">= 0 (0 = none)",
     "trainer.n_gpus_per_node": ">= 0 (0 = not checked)",
     "trainer.nnodes": ">= 0 (0 = not checked)",
     "trainer.memory_limit_gib": ">= 0 (0 = from the free memory)",
@@ -246,7 +249,7 @@ def _check_fsdp_sizes(cfg: AppConfig, world_size: int) -> None:
     offloads = ("param_offload", "offload_policy", "activation_offload", "optimizer_offload")
     for role in SHARDED:
         for key in offloads:
-            if getattr(getattr(cfg, role).fsdp, key) and default_device().type != "cuda":
+            if getattr(getattr(cfg, role).fsdp, key) and not _on_cuda():
                 raise ValueError(
                     f"{role}.fsdp.{key}=true only takes effect on CUDA (it moves tensors to "
                     "host memory; here they are there already)"
@@ -384,6 +387,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_launch(config.trainer, world_size)
     _check_compiler(config.model)
     check_allocator(config.trainer.allocator)
+    check_loggers(config.trainer.logger)
     if config.trainer.task == "reward_model":
         _check_reward_training(config, world_size)
         return []
@@ -391,3 +395,11 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_algorithm(config)
     _check_batch_sizes(config, world_size)
     return _check_token_budgets(config)
+
+
+def _on_cuda() -> bool:
+    """Whether the run's device is a GPU: asked only when an offload key is set, since it
+    loads torch (the other checks run without it)."""
+    from fsdp_sharding import default_device
+
+    return default_device().type == "cuda"

@@ -141,16 +141,11 @@ REFUSED: dict[str, str] = {
     "reward_model.launch_reward_fn_async": "klppo scores in the step: only false",
     "reward_model.model.trust_remote_code": "klppo loads transformers' own classes: only false",
     "reward_model.model.external_lib": "klppo loads transformers' own classes: only null",
-    "trainer.logger": (
-        "klppo prints to the console and writes metrics.jsonl in the run directory: only console"
-    ),
     "actor_rollout_ref.actor.megatron.*": MEGATRON,
     "actor_rollout_ref.ref.megatron.*": MEGATRON,
     "critic.megatron.*": MEGATRON,
     "ray_init.*": "klppo runs under torchrun (torch.distributed), not Ray",
     "trainer.ray_wait_register_center_timeout": "klppo runs under torchrun, not Ray",
-    "trainer.project_name": "names for experiment trackers; klppo writes to trainer.run_dir",
-    "trainer.experiment_name": "names for experiment trackers; klppo writes to trainer.run_dir",
 }
 
 # The one value of a refused key that klppo does honour (so verl's defaults pass).
@@ -161,7 +156,6 @@ ACCEPTED_VALUES: dict[str, Callable[[Any], bool]] = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": lambda v: v == 1,
     "actor_rollout_ref.model.use_remove_padding": lambda v: v is True,
     "critic.model.use_remove_padding": lambda v: v is True,
-    "trainer.logger": lambda v: v == "console" or list(v) == ["console"],
     "reward_model.model.use_remove_padding": lambda v: v is True,
     "reward_model.ulysses_sequence_parallel_size": lambda v: v == 1,
     "reward_model.enable_resource_pool": lambda v: v is False,
@@ -179,6 +173,7 @@ ACCEPTED_VALUES: dict[str, Callable[[Any], bool]] = {
 # re-templating (klppo: when the tokenizers differ), null for none.
 VALUE_MAPS: dict[str, Callable[[Any], Any]] = {
     "reward_model.model.input_tokenizer": lambda v: "never" if v is None else "auto",
+    "trainer.logger": lambda v: [v] if isinstance(v, str) else v,  # verl accepts one name
 }
 
 # Values that differ: verl's FSDP1 is ``strategy=fsdp``.

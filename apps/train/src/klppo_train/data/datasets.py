@@ -23,7 +23,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 TRUNCATION_MODES = ("error", "left", "right")
 
@@ -324,6 +323,8 @@ class PromptLoader:
         if self._order is None or self._order[0] != self._epoch:
             n = len(self.dataset)
             if self.shuffle:
+                import torch  # here, not at the top: the data checks run before torch loads
+
                 gen = torch.Generator().manual_seed(self.seed + self._epoch)
                 order = torch.randperm(n, generator=gen).tolist()
             else:

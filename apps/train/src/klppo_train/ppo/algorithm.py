@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from klppo_train.config.choices import ADV_ESTIMATORS
 from klppo_train.config.schema import AlgorithmConfig
 from klppo_train.runtime.process_group import sum_over_ranks
 from ppo_core import (
@@ -110,7 +111,8 @@ def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, 
     }
 
 
-ADV_ESTIMATORS = tuple(_estimators(AlgorithmConfig(), None))
+if tuple(_estimators(AlgorithmConfig(), None)) != ADV_ESTIMATORS:  # the checks' list
+    raise ImportError("klppo_train.config.choices.ADV_ESTIMATORS names other estimators")
 
 
 def make_advantage_fn(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None = None) -> AdvantageFn:

@@ -1,4 +1,5 @@
-"""Preference pairs: read and check parquet rows, tokenize them, batch them in verl's layout.
+"""Preference pairs: read and check parquet rows, tokenize them (their batches in verl's
+layout: :func:`klppo_train.reward_model.training.pair_batch`).
 
 A row is one comparison. The conventional shape (OpenRLHF's, TRL's explicit-prompt one)::
 
@@ -24,11 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from klppo_train.data.datasets import read_table_rows
-from klppo_train.ppo.trajectories import Trajectories
-from rollout import left_pad
 
 Messages = list[dict[str, str]]
 
@@ -133,28 +130,3 @@ class PairDataset:
 
     def __getitem__(self, index: int) -> Pair:
         return self.pairs[index]
-
-
-def pair_batch(
-    pairs: Sequence[Pair], pad_token_id: int, device
-) -> tuple[Trajectories, torch.Tensor]:
-    """``(sequences, margins [B])``: rows 2i (chosen) and 2i + 1 (rejected) of pair i in
-    verl's layout, prompts left-padded, responses right-padded to the longest;
-    ``prompt_index`` = the pair (a pair stays in one mini- and micro-batch)."""
-    prompts = [p.prompt_ids for p in pairs for _ in range(2)]
-    responses = [r for p in pairs for r in (p.chosen_ids, p.rejected_ids)]
-    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id)
-    width = max(len(r) for r in responses)
-    response_ids = torch.full((len(responses), width), pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros(len(responses), width, dtype=torch.long)
-    for row, ids in enumerate(responses):
-        response_ids[row, : len(ids)] = torch.tensor(ids)
-        response_mask[row, : len(ids)] = 1
-    t = Trajectories(
-        input_ids=torch.cat([prompt_ids, response_ids], 1).to(device),
-        attention_mask=torch.cat([prompt_mask, response_mask], 1).to(device),
-        response_mask=response_mask.to(device),
-        engine_logprobs=torch.zeros(response_mask.shape, device=device),
-        prompt_index=torch.arange(len(pairs), device=device).repeat_interleave(2),
-    )
-    return t, torch.tensor([p.margin for p in pairs], device=device)

@@ -27,17 +27,18 @@ from fsdp_sharding import default_device
 from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape, choose_budgets
 from klppo_train.budgets.roles import static_micro_batch_size
 from klppo_train.budgets.run_budgets import BUDGETS_FILE, RunBudgets, configured
+from klppo_train.cli import launch_world_size
 from klppo_train.config.errors import UserError, user_errors
-from klppo_train.config.preflight import CheckedPairs, preflight_pairs
+from klppo_train.config.preflight import CheckedPairs, preflight_pairs, reward_model_missing
 from klppo_train.config.schema import AppConfig, load_config
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.passes import Pass
-from klppo_train.reward_model.hf_dir import (
+from klppo_train.reward_model.export import (
     export_reward_model,
     init_score_head,
-    is_reward_model_dir,
     scalar_head_config,
 )
+from klppo_train.reward_model.hf_dir import is_reward_model_dir
 from klppo_train.reward_model.training import (
     PairBatch,
     PairwiseLoss,
@@ -49,10 +50,10 @@ from klppo_train.runtime.process_group import (
     global_metrics,
     init_distributed,
     is_main,
-    launch_world_size,
     rank_slice,
     world_size,
 )
+from klppo_train.tracking.metrics_log import MetricsLog, Tracking
 from klppo_train.trainer.assemble import adamw
 from klppo_train.trainer.build import _load, _sharded, _values_not_a_view
 from klppo_train.trainer.checkpoints import (
@@ -62,7 +63,7 @@ from klppo_train.trainer.checkpoints import (
     resolve_resume,
     save_checkpoint_dir,
 )
-from klppo_train.trainer.report import PLOTTED_RM, SHOWN_RM, MetricsLog
+from klppo_train.trainer.report import PLOTTED_RM, SHOWN_RM
 from klppo_train.trainer.run import _due, finish, prepare_run_dir, total_steps
 from klppo_train.trainer.schedule import make_scheduler
 
@@ -144,8 +145,8 @@ def train_reward_model(cfg: AppConfig, checked: CheckedPairs | None = None) -> d
         torch.manual_seed(cfg.trainer.seed)
         model = build_reward_model(cfg, model_dir)
         run = RewardModelRun(reward_trainee(cfg, model), checked.tokenizer)
-        records = _steps(run, cfg, checked, run_dir)
-        return finish(run_dir, records, start, PLOTTED_RM)
+        metrics_log = _steps(run, cfg, checked, run_dir)
+        return finish(run_dir, metrics_log, start, PLOTTED_RM)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -184,7 +185,8 @@ def _steps(run: RewardModelRun, cfg: AppConfig, checked: CheckedPairs, run_dir: 
     resume_from = resolve_resume(run_dir, trainer.resume_mode, first="reward_model")
     first = load_checkpoint_dir(resume_from, run.trainees(), states) if resume_from else 0
     _budgets(run, cfg, run_dir)
-    metrics_log = MetricsLog(run_dir, first, steps, is_main(), "reward model", SHOWN_RM)
+    tracking = Tracking.from_config(cfg)
+    metrics_log = MetricsLog(run_dir, first, steps, tracking, is_main(), "reward model", SHOWN_RM)
     if not first and trainer.val_before_train:
         metrics_log.log(0, _validate(run, checked))
     last = min(steps, trainer.stop_at_step or steps)
@@ -204,7 +206,7 @@ def _steps(run: RewardModelRun, cfg: AppConfig, checked: CheckedPairs, run_dir: 
     if last == steps:
         validated = "val/rm/accuracy" in metrics_log.records[-1]
         _export(run, checked, run_dir, run.scores if validated else [])
-    return metrics_log.records
+    return metrics_log
 
 
 def _export(run: RewardModelRun, checked: CheckedPairs, run_dir: Path, scores: list) -> None:
@@ -228,10 +230,10 @@ def ensure_reward_model(cfg: AppConfig) -> None:
     """Train the reward model of a PPO run first when ``reward_model.path`` is missing and
     ``reward_model.source`` names its recipe (one process; under torchrun train it first),
     then put its export at ``reward_model.path``."""
+    if not reward_model_missing(cfg):
+        return
     rm = cfg.reward_model
     path = Path(rm.path).expanduser()
-    if not (rm.enable and rm.source) or (path / "config.json").is_file():
-        return
     if launch_world_size() > 1:
         raise UserError(
             f"reward_model.path={rm.path!r} is missing: under torchrun, train it first "

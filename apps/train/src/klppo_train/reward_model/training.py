@@ -21,7 +21,7 @@ from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.ppo.forward import response_scores
 from klppo_train.ppo.trainee import Trainee, _aggregate
 from klppo_train.ppo.trajectories import Trajectories
-from klppo_train.reward_model.pairs import Pair, pair_batch
+from klppo_train.reward_model.pairs import Pair
 from klppo_train.runtime.process_group import (
     concat_over_ranks,
     rank_slice,
@@ -29,6 +29,32 @@ from klppo_train.runtime.process_group import (
     world_size,
 )
 from ppo_core import pairwise_reward_loss
+from rollout import left_pad
+
+
+def pair_batch(
+    pairs: Sequence[Pair], pad_token_id: int, device
+) -> tuple[Trajectories, torch.Tensor]:
+    """``(sequences, margins [B])``: rows 2i (chosen) and 2i + 1 (rejected) of pair i in
+    verl's layout, prompts left-padded, responses right-padded to the longest;
+    ``prompt_index`` = the pair (a pair stays in one mini- and micro-batch)."""
+    prompts = [p.prompt_ids for p in pairs for _ in range(2)]
+    responses = [r for p in pairs for r in (p.chosen_ids, p.rejected_ids)]
+    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id)
+    width = max(len(r) for r in responses)
+    response_ids = torch.full((len(responses), width), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros(len(responses), width, dtype=torch.long)
+    for row, ids in enumerate(responses):
+        response_ids[row, : len(ids)] = torch.tensor(ids)
+        response_mask[row, : len(ids)] = 1
+    t = Trajectories(
+        input_ids=torch.cat([prompt_ids, response_ids], 1).to(device),
+        attention_mask=torch.cat([prompt_mask, response_mask], 1).to(device),
+        response_mask=response_mask.to(device),
+        engine_logprobs=torch.zeros(response_mask.shape, device=device),
+        prompt_index=torch.arange(len(pairs), device=device).repeat_interleave(2),
+    )
+    return t, torch.tensor([p.margin for p in pairs], device=device)
 
 
 @dataclass(frozen=True)

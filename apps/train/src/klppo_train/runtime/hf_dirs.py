@@ -6,8 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
 PLAIN_BACKENDS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
@@ -22,6 +20,9 @@ def load_tokenizer(path: Path):
     pre-tokenizer keeps — the model would then see other token ids than it was trained on
     (measured: val accuracy 5.5 % instead of ~24 %).
     """
+    # transformers loads torch (seconds): imported here, once a tokenizer is needed.
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     config_file = Path(path) / "tokenizer_config.json"
     saved_class = ""
     if config_file.is_file():

@@ -30,8 +30,7 @@ from batching import (
     varlen_causal_attention,
     varlen_layout,
 )
-
-VARLEN = "klppo_varlen"
+from klppo_train.config.choices import VARLEN
 
 GROUP_ATTENTION = "klppo_group_attention"
 """An attention module's attribute: the :data:`batching.GroupAttention` its packed rows use
@@ -93,9 +92,6 @@ def _varlen_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs):
 
 AttentionInterface.register(VARLEN, varlen_attention_forward)
 AttentionMaskInterface.register(VARLEN, _varlen_mask)
-
-
-IMPLEMENTATIONS = ("auto", VARLEN, "flash_attention_2", "sdpa", "eager")
 
 
 def packed_attention_implementation(

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from fsdp_sharding import MixedPrecision, ShardingConfig
+from klppo_train.config.choices import DTYPES
 
-DTYPES = ("float32", "bfloat16", "auto")
 # bf16 must beat fp32 by this much on the probe: casts, norms and softmax in fp32 eat part
 # of the matmul gain.
 BF16_MIN_SPEEDUP = 1.5

@@ -39,12 +39,6 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def launch_world_size() -> int:
-    """The world size the launcher set up (torchrun's ``WORLD_SIZE``; 1 without it), known
-    before the process group exists."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 

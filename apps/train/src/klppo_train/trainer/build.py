@@ -26,7 +26,8 @@ from klppo_train.data import sources
 from klppo_train.data.datasets import read_rows
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.components import Components
-from klppo_train.reward_model.hf_dir import is_reward_model_dir, scalar_head_config
+from klppo_train.reward_model.export import scalar_head_config
+from klppo_train.reward_model.hf_dir import is_reward_model_dir
 from klppo_train.runtime.engine import build_engine
 from klppo_train.runtime.packed_attention import GROUP_ATTENTION, packed_attention_implementation
 from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding

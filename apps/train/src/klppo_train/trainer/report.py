@@ -1,18 +1,11 @@
-"""What a run shows and leaves behind: progress bar, metrics.jsonl, TensorBoard, plot, summary.
-
-Only rank 0 reports. ``metrics.jsonl`` holds one JSON object per step (``step`` plus verl's
-metric names; step 0 is the validation before any update); a resumed run drops the lines
-after its checkpoint's step and appends from there, so the file always reads as one run.
-"""
+"""What a run leaves behind at its end: the plot and the summary (rank 0). The per-step
+record is :mod:`klppo_train.tracking.metrics_log`'s."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
-
-from tqdm import tqdm
 
 log = logging.getLogger("klppo_train")
 
@@ -25,92 +18,8 @@ PLOTTED = (
 )
 # A reward-model run (trainer.task=reward_model): its loss and pairwise accuracy.
 PLOTTED_RM = (("rm/loss", "pairwise loss"), ("*rm/accuracy", "pairwise accuracy (train, val)"))
-# The progress bar's fields: label → metric.
-SHOWN = {"score": "critic/score/mean"}
+# The progress bar's fields of a reward-model run: label → metric.
 SHOWN_RM = {"loss": "rm/loss", "acc": "rm/accuracy"}
-
-
-def read_metrics(path: Path, up_to_step: int | None = None) -> list[dict]:
-    if not path.exists():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if up_to_step is None or r["step"] <= up_to_step]
-
-
-class MetricsLog:
-    """Rank 0's sink for step metrics: JSONL, TensorBoard (if installed), a progress bar."""
-
-    def __init__(
-        self,
-        run_dir: Path,
-        start_step: int,
-        total_steps: int,
-        enabled: bool = True,
-        desc: str = "PPO",
-        shown: dict[str, str] = SHOWN,
-    ):
-        self.path = run_dir / "metrics.jsonl"
-        self.enabled, self.shown = enabled, shown
-        self.records = read_metrics(self.path, up_to_step=start_step) if start_step else []
-        validated = [r for r in self.records if any(k.startswith("val/") for k in r)]
-        self.last_val = _mean_acc(validated[-1]) if validated else None
-        if not enabled:
-            return
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-        os.replace(tmp, self.path)
-        self.tensorboard = _tensorboard_writer(run_dir / "tensorboard")
-        self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step")
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, **metrics}
-        self.records.append(record)
-        if not self.enabled:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tensorboard is not None:
-            for name, value in metrics.items():
-                self.tensorboard.add_scalar(name, value, step)
-        if step > 0:
-            self.bar.update(1)
-            self.bar.set_postfix(self._postfix(), refresh=False)
-
-    def _postfix(self) -> dict[str, str]:
-        last = self.records[-1]
-        if any(k.startswith("val/") for k in last):
-            self.last_val = _mean_acc(last)
-        shown = {label: f"{last.get(key, float('nan')):.2f}" for label, key in self.shown.items()}
-        # The KL to the reference where the run has one: in the reward, else in the loss.
-        for name in ("actor/reward_kl_penalty", "actor/kl_loss"):
-            if name in last:
-                shown["kl"] = f"{last[name]:.3f}"
-                break
-        if self.last_val is not None:
-            shown["val"] = f"{self.last_val:.2f}"
-        return shown
-
-    def close(self) -> None:
-        if self.enabled:
-            self.bar.close()
-            if self.tensorboard is not None:
-                self.tensorboard.close()
-
-
-def _tensorboard_writer(log_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # the optional `tensorboard` extra is not installed
-        return None
-    return SummaryWriter(str(log_dir))
-
-
-def _mean_acc(record: dict) -> float:
-    accs = [v for k, v in record.items() if k.startswith("val/") and k.endswith(ACCURACIES)]
-    return sum(accs) / len(accs) if accs else float("nan")
-
-
-ACCURACIES = ("/acc", "/accuracy")  # a rule's, a reward model's pairwise
 
 
 def _series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -169,8 +78,9 @@ def summarize(records: list[dict], minutes: float, run_dir: Path, plot: Path) ->
     return summary
 
 
-def summary_text(summary: dict) -> str:
-    """The one-screen end-of-run report."""
+def summary_text(summary: dict, generation: dict | None = None) -> str:
+    """The one-screen end-of-run report; with ``generation`` (the last validation step's
+    first, ``trainer.log_val_generations``) what the policy wrote."""
     lines = [f"klppo run finished: {summary['steps']} steps in {summary['minutes']:.1f} min"]
     for key in sorted(k for k in summary if k.startswith("baseline_")):
         name = key.removeprefix("baseline_")
@@ -181,4 +91,8 @@ def summary_text(summary: dict) -> str:
     if "max_kl" in summary:
         lines.append(f"  max KL(policy ‖ ref) per step: {summary['max_kl']:.3f}")
     lines += [f"  {k}: {summary[k]}" for k in ("run_dir", "metrics", "plot")]
+    if generation is not None:
+        lines.append(f"  a validation sample (step {generation['step']}):")
+        for field in ("prompt", "response", "ground_truth", "score"):
+            lines.append(f"    {field}: {generation[field]!r}")
     return "\n".join(lines)

@@ -17,30 +17,26 @@ import json
 import logging
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from fsdp_sharding import default_device, export_hf
+from fsdp_sharding import export_hf
 from klppo_train.budgets.probe import choose_budgets
 from klppo_train.budgets.run_budgets import BUDGETS_FILE
+from klppo_train.cli import launch_world_size
 from klppo_train.config.preflight import Checked, preflight
 from klppo_train.config.schema import AppConfig, TrainerConfig, to_yaml
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.step import calibrate_reward_model, ppo_step
-from klppo_train.ppo.trajectories import trajectories
 from klppo_train.runtime.process_group import (
-    concat_over_ranks,
     global_metrics,
     init_distributed,
     is_main,
-    launch_world_size,
-    rank_slice,
-    world_size,
 )
+from klppo_train.tracking.metrics_log import MetricsLog, Tracking
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components, ensure_model_dir
 from klppo_train.trainer.checkpoints import (
@@ -50,64 +46,13 @@ from klppo_train.trainer.checkpoints import (
 )
 from klppo_train.trainer.report import (
     PLOTTED,
-    MetricsLog,
     plot_metrics,
     summarize,
     summary_text,
 )
-from rollout import RolloutBatch
+from klppo_train.trainer.validation import validate
 
 log = logging.getLogger("klppo_train")
-
-
-def validation_accuracy(c: Components, items, batch_size: int = 0) -> dict[str, float]:
-    """Greedy (``rollout.val_temperature``) accuracy per data source, ``val/<source>/acc``
-    (where the source has a rule), over the whole validation set, ``batch_size``
-    (``data.val_batch_size``) prompts at a time (all at once when 0; each rank generates its
-    slice of each batch); with a reward model also its mean score, ``val/reward_model/score``,
-    whatever the training reward is. None without a set."""
-    if not items:
-        return {}
-    size = batch_size or len(items)
-    hits: dict[str, list[float]] = {}
-    answered: tuple[list, list] = ([], [])  # this rank's items and samples
-    for start in range(0, len(items), size):
-        _score_validation_batch(c, rank_slice(items[start : start + size]), hits, answered)
-    hits = concat_over_ranks(hits)
-    metrics = {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
-    if c.reward_model is not None and len(items) >= world_size():  # every rank has samples
-        metrics["val/reward_model/score"] = _validation_rm_score(c, *answered)
-    return metrics
-
-
-def _score_validation_batch(c: Components, mine, hits: dict, answered: tuple) -> None:
-    if not mine:  # a last batch smaller than the world size leaves some ranks none
-        return
-    batch = c.engine.generate([list(i.prompt_ids) for i in mine], c.plan.sampling.for_validation())
-    for sample in batch.samples:
-        item = mine[sample.prompt_index]
-        answered[0].append(item)
-        answered[1].append(replace(sample, prompt_index=len(answered[1])))
-        if not c.rewards.has_rule(item.data_source):
-            continue
-        text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
-        score = c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info)
-        hits.setdefault(item.data_source, []).append(float(score >= 1.0))
-
-
-def _validation_rm_score(c: Components, items: list, samples: list) -> float:
-    """The reward model's mean score (as the reward uses it) of the validation responses,
-    over all ranks (one scoring pass per rank)."""
-    t = trajectories(
-        [i.prompt_ids for i in items],
-        RolloutBatch(samples, policy_version=0),
-        pad_token_id=c.tokenizer.pad_token_id,
-        response_length=c.plan.response_length,
-        device=default_device(),
-    )
-    raw = c.reward_model.scoring(t, c.budgets, 0, items)
-    scores = concat_over_ranks({"score": c.reward_model.score(raw, t).tolist()})["score"]
-    return sum(scores) / len(scores)
 
 
 def total_steps(trainer: TrainerConfig, batches_per_epoch: int) -> int:
@@ -143,8 +88,8 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
         c = build_components(
             cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
         )
-        records = _steps(c, cfg, checked, run_dir)
-        return finish(run_dir, records, start)
+        metrics_log = _steps(c, cfg, checked, run_dir)
+        return finish(run_dir, metrics_log, start)
     finally:
         if c is not None:
             c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not
@@ -181,8 +126,8 @@ def _calibrate(c: Components, items, run_dir: Path) -> None:
         os.replace(tmp, run_dir / NORMALIZATION_FILE)
 
 
-def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> list[dict]:
-    """Resume or validate the start, then the PPO steps; the metrics records."""
+def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> MetricsLog:
+    """Resume or validate the start, then the PPO steps; their record."""
     train_set, val_set = checked.train, checked.val
     loader = PromptLoader(train_set, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     steps = total_steps(cfg.trainer, len(loader))
@@ -195,16 +140,23 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
         c.weight_sync.sync(version=first)
     elif c.reward_model is not None and c.reward_model.normalize == "reference":
         _calibrate(c, train_set.items, run_dir)
-    metrics_log = MetricsLog(run_dir, first, steps, enabled=is_main())
+    tracking = Tracking.from_config(cfg)
+    metrics_log = MetricsLog(run_dir, first, steps, tracking, enabled=is_main())
+
+    def validation(step: int) -> dict[str, float]:
+        found, rows = validate(c, val_set.items, cfg.data.val_batch_size, tracking.generations)
+        metrics_log.log_generations(step, rows)
+        return found
+
     if not first and cfg.trainer.val_before_train:
-        metrics_log.log(0, validation_accuracy(c, val_set.items, cfg.data.val_batch_size))
+        metrics_log.log(0, validation(0))
     last = min(steps, cfg.trainer.stop_at_step or steps)
     for step in range(first + 1, last + 1):
         metrics = ppo_step(c, loader.next_batch(), step)
         for scheduler in schedulers:
             scheduler.step()
         if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
-            metrics.update(validation_accuracy(c, val_set.items, cfg.data.val_batch_size))
+            metrics.update(validation(step))
         metrics_log.log(step, global_metrics(metrics))
         if _due(step, cfg.trainer.save_freq, last):
             save_trainer_checkpoint(
@@ -213,16 +165,27 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> li
     metrics_log.close()
     if last == steps:
         export_hf(c.actor.model, c.tokenizer, run_dir / "actor_hf")
-    return metrics_log.records
+    return metrics_log
 
 
-def finish(run_dir: Path, records: list[dict], start: float, panels=PLOTTED) -> dict:
-    """Plot (``panels``) + summary on rank 0 (the others wait)."""
+def finish(run_dir: Path, metrics_log: MetricsLog, start: float, panels=PLOTTED) -> dict:
+    """Plot (``panels``) + summary on rank 0 (the others wait); the summary is printed
+    with ``console`` among ``trainer.logger``, with one validation generation if any."""
     summary: dict = {}
     if is_main():
+        records = metrics_log.records
         plot = plot_metrics(records, run_dir / "metrics.png", panels)
         summary = summarize(records, (time.perf_counter() - start) / 60, run_dir, plot)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(summary_text(summary), flush=True)
+        tmp = run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, run_dir / "summary.json")
+        if "console" in metrics_log.tracking.loggers:
+            print(summary_text(summary, _last_sample(metrics_log.generations)), flush=True)
     dist.barrier()
     return summary
+
+
+def _last_sample(generations: list[dict]) -> dict | None:
+    """The last validation step's first generation, if any were recorded."""
+    last = generations[-1]["step"] if generations else None
+    return next((g for g in generations if g["step"] == last), None)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-SCHEDULES = ("constant", "cosine")
+from klppo_train.config.choices import SCHEDULES
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, kind: str) -> float:

@@ -1,0 +1,106 @@
+"""Validation: greedy answers to the validation prompts, scored by the rule (accuracy per
+data source) and, with a reward model, by it (its mean score); the first few as
+generations to read (``trainer.log_val_generations``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fsdp_sharding import default_device
+from klppo_train.ppo.components import Components
+from klppo_train.ppo.trajectories import trajectories
+from klppo_train.runtime.process_group import concat_over_ranks, rank_slice, world_size
+from rollout import RolloutBatch
+
+
+@dataclass
+class _Answered:
+    """This rank's answered prompts: the items, their samples, and one row per sample."""
+
+    items: list = field(default_factory=list)
+    samples: list = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def validate(
+    c: Components, items, batch_size: int = 0, generations: int = 0
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """``(metrics, rows)``: greedy (``rollout.val_temperature``) accuracy per data source,
+    ``val/<source>/acc`` (where the source has a rule), over the whole validation set,
+    ``batch_size`` (``data.val_batch_size``) prompts at a time (all at once when 0; each
+    rank generates its slice of each batch); with a reward model also its mean score,
+    ``val/reward_model/score``, whatever the training reward is. ``rows``: the first
+    ``generations`` answers in validation-set order (the same at every world size), each
+    ``{data_source, prompt, response, ground_truth, score, reward_model_score}`` with the
+    scores the metrics were computed from. Empty without a set."""
+    if not items:
+        return {}, []
+    size = batch_size or len(items)
+    hits: dict[str, list[float]] = {}
+    answered = _Answered()
+    for start in range(0, len(items), size):
+        mine = rank_slice(list(enumerate(items))[start : start + size])
+        _score_batch(c, mine, hits, answered)
+    hits = concat_over_ranks(hits)
+    metrics = {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
+    if c.reward_model is not None and len(items) >= world_size():  # every rank has samples
+        scores = _reward_model_scores(c, answered)
+        for row, score in zip(answered.rows, scores, strict=True):
+            row["reward_model_score"] = score
+        every = concat_over_ranks({"score": scores})["score"]
+        metrics["val/reward_model/score"] = sum(every) / len(every)
+    return metrics, _first_rows(answered.rows, generations)
+
+
+def _score_batch(c: Components, mine: list, hits: dict, answered: _Answered) -> None:
+    if not mine:  # a last batch smaller than the world size leaves some ranks none
+        return
+    prompts = [list(item.prompt_ids) for _, item in mine]
+    batch = c.engine.generate(prompts, c.plan.sampling.for_validation())
+    for sample in batch.samples:
+        position, item = mine[sample.prompt_index]
+        answered.items.append(item)
+        answered.samples.append(replace(sample, prompt_index=len(answered.samples)))
+        text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
+        score = None
+        if c.rewards.has_rule(item.data_source):
+            score = c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info)
+            hits.setdefault(item.data_source, []).append(float(score >= 1.0))
+        answered.rows.append(_row(c, position, item, text, score))
+
+
+def _row(c: Components, position: int, item, response: str, score) -> dict[str, Any]:
+    prompt = c.tokenizer.decode(list(item.prompt_ids), skip_special_tokens=True)
+    return {
+        "position": position,
+        "data_source": item.data_source,
+        "prompt": prompt,
+        "response": response,
+        "ground_truth": item.ground_truth,
+        "score": None if score is None else float(score),
+        "reward_model_score": None,
+    }
+
+
+def _reward_model_scores(c: Components, answered: _Answered) -> list[float]:
+    """The reward model's scores (as the reward uses them) of this rank's answers (one
+    scoring pass per rank)."""
+    t = trajectories(
+        [i.prompt_ids for i in answered.items],
+        RolloutBatch(answered.samples, policy_version=0),
+        pad_token_id=c.tokenizer.pad_token_id,
+        response_length=c.plan.response_length,
+        device=default_device(),
+    )
+    raw = c.reward_model.scoring(t, c.budgets, 0, answered.items)
+    return c.reward_model.score(raw, t).tolist()
+
+
+def _first_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first ``n`` rows of every rank's, in validation-set order."""
+    if n <= 0:
+        return []
+    every = concat_over_ranks({"rows": rows})["rows"]
+    first = sorted(every, key=lambda r: r["position"])[:n]
+    return [{k: v for k, v in r.items() if k != "position"} for r in first]
