@@ -158,6 +158,20 @@ BAD_CONFIGS = [
     (["RECIPE:no_such_recipe.yaml"], "no_such_recipe.yaml"),
     (["RECIPE:DIR.yaml"], "DIR.yaml"),
     (["RECIPE:BROKEN.yaml"], "BROKEN.yaml"),
+    (["trainer.val_only=true", "data.val_files=[]"], "data.val_files is empty (nothing to"),
+    (["trainer.val_only=true", "trainer.task=reward_model"], "only with trainer.task=ppo"),
+    (
+        ["trainer.val_only=true", "reward_model.enable=true", "reward_model.path=rm"]
+        + ["reward_model.forward_max_token_len_per_gpu=auto"],
+        "is not probed in a validation-only run",
+    ),
+    (
+        ["trainer.val_only=true", "reward_model.enable=true", "reward_model.path=rm"]
+        + ["reward_model.normalize=reference"],
+        "reads the training run's statistics",
+    ),
+    (["trainer.logger=[console,tensorboardx]"], "'tensorboardx' is not a logger"),
+    (["trainer.log_val_generations=-1"], "trainer.log_val_generations must be >= 0"),
 ]
 
 

@@ -120,6 +120,34 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     assert names == ["global_step_2", "global_step_4"]
 
 
+def _generations(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_val_only_reproduces_the_final_validation(tmp_path: Path) -> None:
+    """trainer.val_only on the run's actor_hf, and on its final checkpoint, gives the final
+    validation accuracy of the run that saved them, answer for answer, in run_dir/val_only/
+    (the run's own files untouched)."""
+    run = tmp_path / "run"
+    every = "trainer.log_val_generations=200"  # the whole validation set
+    assert main([*overrides(run), every]) == 0
+    final = json.loads((run / "summary.json").read_text())["final_val/arithmetic/acc"]
+    answers = [r["response"] for r in _generations(run / "val_generations.jsonl") if r["step"] == 2]
+    records = (run / "metrics.jsonl").read_text()
+    policies = {
+        0: f"model.path={run / 'actor_hf'}",
+        2: f"trainer.resume_mode={run / 'checkpoints' / 'global_step_2'}",
+    }
+    for step, policy in policies.items():
+        assert main([*overrides(run), every, "trainer.val_only=true", policy]) == 0
+        out = run / "val_only"
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["final_val/arithmetic/acc"] == final, policy
+        assert [r["step"] for r in read_records(out)] == [step]
+        assert [r["response"] for r in _generations(out / "val_generations.jsonl")] == answers
+    assert (run / "metrics.jsonl").read_text() == records
+
+
 def test_resume_from_a_missing_path_fails_before_any_work(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     assert main([*overrides(run), f"trainer.resume_mode={tmp_path}/nope"]) == 2
@@ -145,9 +173,16 @@ def _run_cli(args: list[str], launcher: list[str]) -> subprocess.CompletedProces
 @pytest.mark.slow  # starts vLLM (own process: vLLM patches process-wide torch settings)
 def test_default_recipe_with_vllm(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    done = _run_cli(overrides(run, engine="vllm"), [sys.executable])
+    stats = "rollout.disable_log_stats=false"  # vLLM's counters as rollout/* metrics
+    done = _run_cli([*overrides(run, engine="vllm"), stats], [sys.executable])
     assert done.returncode == 0, done.stderr[-4000:]
     records = assert_complete_run(run, steps=2)
+    for r in records[1:]:  # 8 prompts x 4 samples, each step's generation only
+        assert r["rollout/generation_tokens"] == r["response_length/mean"] * 32
+        assert r["rollout/prompt_tokens"] >= 32 * 10 and r["rollout/preemptions"] == 0
+        # every prompt token is looked up; ~20-token prompts fill no cache block to hit
+        assert r["rollout/prefix_cache_queries"] == r["rollout/prompt_tokens"]
+        assert 0 <= r["rollout/prefix_cache_hits"] <= r["rollout/prefix_cache_queries"]
     # vLLM's sampling log-probs are the trainer's (fp32 on CPU, same weights after each sync)
     assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records[1:])
     assert records[2]["actor/policy_version_sampled"] == 1

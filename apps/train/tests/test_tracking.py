@@ -52,12 +52,14 @@ def wandb_records(path: Path):
             yield record
 
 
-def wandb_values(run: Path) -> tuple[set[str], dict[str, dict[int, float]]]:
-    """The run ids and the history of the offline wandb run files under the run dir."""
-    ids, values = set(), {}
+def wandb_values(run: Path) -> tuple[set[tuple], dict[str, dict[int, float]]]:
+    """The runs (id, project, name) and the history of the offline wandb run files under the
+    run dir."""
+    runs, values = set(), {}
     for path in sorted((run / "wandb").glob("offline-run-*/run-*.wandb")):
-        ids.add(path.stem.removeprefix("run-"))
         for record in wandb_records(path):
+            if record.WhichOneof("record_type") == "run":
+                runs.add((record.run.run_id, record.run.project, record.run.display_name))
             if record.WhichOneof("record_type") != "history":
                 continue
             items = {
@@ -69,11 +71,12 @@ def wandb_values(run: Path) -> tuple[set[str], dict[str, dict[int, float]]]:
                     key, value = "val/generations", items["val/generations/nrows"]
                 if not key.startswith("_") and isinstance(value, int | float):
                     values.setdefault(key, {})[items["_step"]] = value
-    return ids, values
+    return runs, values
 
 
-def mlflow_values(run: Path) -> tuple[list[str], dict[str, dict[int, float]]]:
-    """The generation artifacts and the metric history of the run's MLflow run."""
+def mlflow_values(run: Path) -> tuple[tuple, list[str], dict[str, dict[int, float]]]:
+    """The (experiment, run name), generation artifacts and metric history of the run's
+    MLflow run."""
     from mlflow import MlflowClient
 
     run_id = json.loads((run / "trackers.json").read_text())["mlflow"]
@@ -81,7 +84,9 @@ def mlflow_values(run: Path) -> tuple[list[str], dict[str, dict[int, float]]]:
     keys = client.get_run(run_id).data.metrics
     history = {k: {m.step: m.value for m in client.get_metric_history(run_id, k)} for k in keys}
     artifacts = [a.path for a in client.list_artifacts(run_id, "val_generations")]
-    return artifacts, history
+    info = client.get_run(run_id).info
+    names = (client.get_experiment(info.experiment_id).name, info.run_name)
+    return names, artifacts, history
 
 
 def as_series(records: list[dict]) -> dict[str, dict[int, float]]:
@@ -106,7 +111,7 @@ def test_trackers_hold_what_metrics_jsonl_holds_and_resume(tmp_path, monkeypatch
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run = tmp_path / "run"
     common = [*overrides(run, steps=3), LOGGERS, "trainer.log_val_generations=4"]
-    common += ["trainer.save_freq=1", "trainer.experiment_name=tracked"]
+    common += ["trainer.save_freq=1", "trainer.project_name=arith", "trainer.experiment_name=e1"]
     assert main([*common, "trainer.stop_at_step=1"]) == 0
     first_ids = json.loads((run / "trackers.json").read_text())
     assert main(common) == 0  # resumes at step 1
@@ -114,11 +119,12 @@ def test_trackers_hold_what_metrics_jsonl_holds_and_resume(tmp_path, monkeypatch
     expected = as_series(read_records(run))
     assert set(expected["critic/score/mean"]) == {1, 2, 3}
     assert_same(tensorboard_values(run), expected, rel=1e-6)  # TensorBoard keeps float32
-    wandb_ids, wandb_history = wandb_values(run)
-    assert wandb_ids == {first_ids["wandb"]}  # both segments wrote the same wandb run
+    wandb_runs, wandb_history = wandb_values(run)
+    assert wandb_runs == {(first_ids["wandb"], "arith", "e1")}  # both segments: one run
     assert wandb_history.pop("val/generations") == {0: 4, 1: 4, 2: 4, 3: 4}  # 4 rows each
     assert_same(wandb_history, expected, rel=0)
-    artifacts, mlflow_history = mlflow_values(run)
+    names, artifacts, mlflow_history = mlflow_values(run)
+    assert names == ("arith", "e1")
     assert_same(mlflow_history, expected, rel=0)
     assert artifacts == [f"val_generations/step_00000{i}.json" for i in range(4)]
     # 4 generations at each validation step (test_freq=1: steps 0-3), in every sink

@@ -5,6 +5,7 @@ import torch
 from rollout_testing import EOS, PAD, recompute_logprobs, tiny_model
 
 from rollout import HFEngine, HFEngineConfig, RolloutEngine, SamplingConfig, VLLMConfig
+from rollout.vllm_engine import VLLM_STATS
 
 pytestmark = pytest.mark.slow  # one engine start (~10 s) plus vLLM's import (~15 s)
 
@@ -60,6 +61,24 @@ def test_sampled_logprobs_equal_the_hf_model(setup) -> None:
     stats = engine.stats()
     assert stats["tokens_per_s"] > 0 and stats["generated_tokens"] >= 12
     assert 0.0 <= stats["kv_cache_usage"] <= 1.0  # reported because disable_log_stats=False
+
+
+def test_stats_count_each_generation(setup) -> None:
+    """vLLM's counters (disable_log_stats=False) as stats(): prompt and generated tokens of
+    each call exactly; a repeated 200-token prompt hits its first 128-token block."""
+    _, engine = setup
+    sampling = SamplingConfig(n=4, temperature=1.0, max_new_tokens=5, seed=2)
+    deltas = []
+    for _ in range(2):
+        before = engine.stats()
+        batch = engine.generate([LONG_PROMPT], sampling)
+        after = engine.stats()
+        deltas.append({k: after[k] - before.get(k, 0) for k in VLLM_STATS.values()})
+        generated = sum(len(s.response_token_ids) for s in batch.samples)
+        assert deltas[-1]["generation_tokens"] == generated
+        assert deltas[-1]["prompt_tokens"] == deltas[-1]["prefix_cache_queries"] == 4 * 200
+        assert deltas[-1]["preemptions"] == 0
+    assert deltas[1]["prefix_cache_hits"] >= 4 * 128  # each sample's first full block
 
 
 def test_seeded_sampling_of_a_batch_larger_than_one_step(setup) -> None:

@@ -46,6 +46,7 @@ TASKS = {
     "reward_model": Task(
         preflight_pairs, deferred("klppo_train.reward_model.run:train_reward_model")
     ),
+    "val_only": Task(preflight, deferred("klppo_train.trainer.evaluate:evaluate")),
 }
 
 
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:  # the real command line (not a call from Python): may re-execute
             use_allocator(config.trainer.allocator)
         log_allocator()
-        task = TASKS[config.trainer.task]
+        task = TASKS["val_only" if config.trainer.val_only else config.trainer.task]
         checked = task.preflight(config, world_size, advice)
     except UserError as err:
         return _user_error(err, args.debug)

@@ -93,7 +93,8 @@ class VLLMConfig:
         enable_prefix_caching: reuse KV blocks of shared prompt prefixes (GRPO groups).
         kv_cache_space_gib: CPU only: KV cache size (passed as ``kv_cache_memory_bytes``);
             vLLM's CPU default asks for 92 % of RAM and fails.
-        disable_log_stats: skip vLLM's periodic stats (and the KV-usage metric).
+        disable_log_stats: skip vLLM's statistics (its Prometheus metrics: the counters
+            :meth:`VLLMEngine.stats` reports).
         distributed_executor_backend: vLLM's ("mp", "ray", ...); ``None`` = its choice.
         sleep_level: GPU only: 1 offloads weights and drops the KV cache, 2 drops both.
         seed: the engine's base seed (requests with their own seed ignore it).

@@ -23,6 +23,19 @@ from rollout.types import RolloutBatch, Sample, check_prompts, check_seeds
 log = logging.getLogger("rollout")
 
 
+# vLLM's Prometheus metrics that ``stats()`` reports (``disable_log_stats=False``), by our
+# name: counters since the engine started, and the KV-cache usage gauge (a fraction, as of
+# vLLM's last scheduler step).
+VLLM_STATS = {
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:num_preemptions": "preemptions",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+}
+
+
 def _on_cpu() -> bool:
     return not torch.cuda.is_available()
 
@@ -220,8 +233,9 @@ class VLLMEngine:
         }
         if not self.config.disable_log_stats:
             for metric in self.llm.get_metrics():
-                if "kv_cache_usage" in metric.name and hasattr(metric, "value"):
-                    out["kv_cache_usage"] = metric.value
+                key = VLLM_STATS.get(metric.name)
+                if key is not None and hasattr(metric, "value"):  # summed over engines
+                    out[key] = out.get(key, 0) + metric.value
         return out
 
     def close(self) -> None:

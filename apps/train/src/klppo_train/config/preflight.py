@@ -149,7 +149,8 @@ def _checked_data(cfg: AppConfig, world_size: int, advice, data, unit: str) -> t
     with user_errors():
         FAULTS.reset_from_env()  # the test hook's variable, checked like a key
         _prepare(cfg)
-    if not cfg.data.train_files:
+    training = not cfg.trainer.val_only  # a validation-only run reads no training data
+    if training and not cfg.data.train_files:
         raise UserError(f"data.train_files is empty: give the parquet files of the {unit}")
     read, build = data
     rows = {}
@@ -159,7 +160,7 @@ def _checked_data(cfg: AppConfig, world_size: int, advice, data, unit: str) -> t
             rows[key] = read(files) if files else []
     tokenizer = _tokenizer(cfg)
     train, val = (build(cfg, key, rows[key], tokenizer) for key in rows)
-    if len(train) < cfg.data.train_batch_size:
+    if training and len(train) < cfg.data.train_batch_size:
         raise UserError(
             f"data.train_files: {len(train)} usable {unit}, fewer than one batch of "
             f"data.train_batch_size={cfg.data.train_batch_size}"

@@ -365,6 +365,10 @@ class TrainerConfig:
     """The trackers' project (wandb) / experiment (MLflow)."""
     experiment_name: str = ""
     """The run's name in the trackers; "" = the run directory's name."""
+    val_only: bool = False
+    """Validate the policy once and exit, without training (klppo_train.trainer.evaluate):
+    model.path's weights, or the checkpoint trainer.resume_mode names; writes
+    <run_dir>/val_only/."""
     log_val_generations: int = 0
     """Validation answers recorded per validation step (prompt, response, ground truth,
     scores): val_generations.jsonl in the run dir and every tracker; 0 = none."""

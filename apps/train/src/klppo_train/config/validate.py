@@ -378,6 +378,29 @@ def _check_resume(trainer: TrainerConfig) -> None:
         )
 
 
+def _check_val_only(cfg: AppConfig) -> None:
+    """trainer.val_only: a PPO policy, validation data, a numeric reward-model budget (no
+    probe runs), and the training run's reward normalization where it is ``reference``."""
+    if cfg.trainer.task != "ppo":
+        raise ValueError("trainer.val_only=true validates a policy: only with trainer.task=ppo")
+    if not cfg.data.val_files:
+        raise ValueError("trainer.val_only=true: data.val_files is empty (nothing to validate)")
+    rm = cfg.reward_model
+    if rm.enable and rm.forward_max_token_len_per_gpu == AUTO and rm.use_dynamic_bsz:
+        raise ValueError(
+            "trainer.val_only=true: reward_model.forward_max_token_len_per_gpu=auto is not "
+            "probed in a validation-only run; give a number"
+        )
+    checkpoint = cfg.trainer.resume_mode not in ("auto", "disable")
+    stats = Path(cfg.trainer.run_dir).expanduser() / "reward_normalization.json"
+    if rm.enable and rm.normalize == "reference" and not checkpoint and not stats.is_file():
+        raise ValueError(
+            "trainer.val_only=true with reward_model.normalize=reference reads the training "
+            f"run's statistics: no {stats} (set trainer.run_dir to that run, name one of its "
+            "checkpoints in trainer.resume_mode, or use normalize=stored/none)"
+        )
+
+
 def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     """Raise ``ValueError`` naming the key(s) of the first problem; return advice to log."""
     _check_ranges(config)
@@ -388,6 +411,8 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_compiler(config.model)
     check_allocator(config.trainer.allocator)
     check_loggers(config.trainer.logger)
+    if config.trainer.val_only:
+        _check_val_only(config)
     if config.trainer.task == "reward_model":
         _check_reward_training(config, world_size)
         return []

@@ -19,7 +19,7 @@ from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
 from klppo_train.ppo.passes import ForwardPass
 from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.serve import RewardModelReward
-from klppo_train.runtime.engine import Sampling
+from klppo_train.runtime.engine import RolloutStats, Sampling
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightSync
 
@@ -64,6 +64,7 @@ class Components:
     reward_model: RewardModelReward | None = None
     actor_params: int = 0  # of the full (unsharded) actor: the step's FLOP estimate
     budgets: RunBudgets | None = None
+    rollout_stats: RolloutStats | None = None  # vLLM's counters per step (log stats on)
 
     def trainees(self) -> list[Trainee]:
         return [t for t in (self.actor, self.critic) if t is not None]

@@ -163,7 +163,9 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
     span = rank_span(len(items))
     items = items[span.start : span.stop]
     with timed("gen"):  # 1
+        counted = c.rollout_stats.counts() if c.rollout_stats else {}
         items, t, balance = _generate(c, items, step, span)
+        rollout = c.rollout_stats.since(counted) if c.rollout_stats else {}
     with timed(
         "sleep"
     ):  # 2: free the engine's GPU memory for the passes (verl's free_cache_engine)
@@ -185,6 +187,7 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
     metrics.update(_step_metrics(t, scores))  # 11
     metrics.update(c.rewards.metrics(reset=True))
     metrics.update(balance)
+    metrics.update(rollout)
     metrics.update(c.budgets.metrics())
     metrics["perf/oom_retries"] = float(c.budgets.oom_retries - retries_before)
     timed["timing_s/step"] = time.perf_counter() - step_start

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoModelForCausalLM
 
 from fsdp_sharding import default_device
 from klppo_train.config.schema import AppConfig
 from klppo_train.runtime.precision import Precision
+from klppo_train.runtime.process_group import ROLLOUT_COUNTS
 from rollout import HFEngine, RolloutEngine, SamplingConfig, VLLMEngine
 
 
@@ -74,3 +76,28 @@ class Sampling:
         whichever rank generates it, so the samples do not change with the world size."""
         base = self._step_seed(step) * STRIDE
         return [base + index for index in prompts]
+
+
+@dataclass
+class RolloutStats:
+    """vLLM's counters (``rollout.engine=vllm``, ``rollout.disable_log_stats=false``) as a
+    step's metrics: the engine's cumulative counts (``rollout.vllm_engine.VLLM_STATS``) read
+    before and after the step's generation. Over ranks the counts add up
+    (``ROLLOUT_COUNTS``); the hit rate is the mean of the ranks' (each rank has its own
+    engine and cache)."""
+
+    engine: Any
+
+    def counts(self) -> dict[str, float]:
+        return self.engine.stats()
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        """``rollout/<counter>`` deltas since ``before`` and the prefix-cache hit rate of the
+        generation. (vLLM's KV-cache usage gauge is not among them: read after a generation
+        it is that of its last scheduler step, when every request has finished — 0.0.)"""
+        now = self.engine.stats()
+        out = {f"rollout/{k}": float(now.get(k, 0.0) - before.get(k, 0.0)) for k in ROLLOUT_COUNTS}
+        queries = out["rollout/prefix_cache_queries"]
+        hits = out["rollout/prefix_cache_hits"]
+        out["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
+        return out

@@ -81,7 +81,15 @@ def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
 # hold equal numbers of samples), the loss shares (each rank's is scaled by dp_size, so
 # their mean is the global loss), values every rank shares, per-device throughput.
 TOKENS = "perf/response_tokens"
-SUMS = (TOKENS, "reward/errors")
+# klppo_train.runtime.engine.RolloutStats's counters (vLLM's, per step)
+ROLLOUT_COUNTS = (
+    "prompt_tokens",
+    "generation_tokens",
+    "preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+)
+SUMS = (TOKENS, "reward/errors", *(f"rollout/{k}" for k in ROLLOUT_COUNTS))
 MEANS = (
     "critic/score/mean",
     "response_length/mean",
@@ -98,6 +106,7 @@ MEANS = (
     "perf/actor_update_tflops",
     "perf/dp_imbalance_before",
     "perf/dp_imbalance_after",
+    "rollout/prefix_cache_hit_rate",  # each rank's engine and cache
 )
 
 

@@ -32,7 +32,7 @@ from klppo_train.reward_model.serve import (
     RewardModelReward,
     same_tokenization,
 )
-from klppo_train.runtime.engine import Sampling
+from klppo_train.runtime.engine import RolloutStats, Sampling
 from klppo_train.runtime.process_group import sum_over_ranks, world_size
 from klppo_train.trainer.schedule import make_scheduler
 from rollout import RolloutEngine, WeightSync
@@ -185,6 +185,7 @@ class StepBuilder:
             actor=self.trainee("actor", actor, self.policy_loss()),
             engine=engine,
             weight_sync=weight_sync,
+            rollout_stats=self.rollout_stats(engine),
             tokenizer=tokenizer,
             rewards=rewards,
             kl_controller=kl_controller,
@@ -221,6 +222,12 @@ class StepBuilder:
             )
             return None
         return self.forward_pass("old_log_prob", actor, with_entropy=True)
+
+    def rollout_stats(self, engine) -> RolloutStats | None:
+        """vLLM's counters as step metrics, when it keeps them (``rollout.disable_log_stats``
+        false; off by default, as in verl)."""
+        r = self.cfg.rollout
+        return RolloutStats(engine) if r.engine == "vllm" and not r.vllm.disable_log_stats else None
 
     def sampling(self) -> Sampling:
         r = self.cfg.rollout

@@ -81,12 +81,19 @@ def summarize(records: list[dict], minutes: float, run_dir: Path, plot: Path) ->
 def summary_text(summary: dict, generation: dict | None = None) -> str:
     """The one-screen end-of-run report; with ``generation`` (the last validation step's
     first, ``trainer.log_val_generations``) what the policy wrote."""
-    lines = [f"klppo run finished: {summary['steps']} steps in {summary['minutes']:.1f} min"]
+    validated = "validated" in summary  # trainer.val_only: one validation
+    lines = [
+        f"klppo validated {summary['validated']} in {summary['minutes']:.1f} min"
+        if validated
+        else f"klppo run finished: {summary['steps']} steps in {summary['minutes']:.1f} min"
+    ]
     for key in sorted(k for k in summary if k.startswith("baseline_")):
         name = key.removeprefix("baseline_")
+        final = summary["final_" + name]
         lines.append(
-            f"  {name}: {summary[key]:.3f} → {summary['final_' + name]:.3f} "
-            f"(best {summary['best_' + name]:.3f})"
+            f"  {name}: {final:.3f}"
+            if validated
+            else f"  {name}: {summary[key]:.3f} → {final:.3f} (best {summary['best_' + name]:.3f})"
         )
     if "max_kl" in summary:
         lines.append(f"  max KL(policy ‖ ref) per step: {summary['max_kl']:.3f}")

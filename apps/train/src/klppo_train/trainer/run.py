@@ -168,14 +168,16 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> Me
     return metrics_log
 
 
-def finish(run_dir: Path, metrics_log: MetricsLog, start: float, panels=PLOTTED) -> dict:
-    """Plot (``panels``) + summary on rank 0 (the others wait); the summary is printed
-    with ``console`` among ``trainer.logger``, with one validation generation if any."""
+def finish(run_dir: Path, metrics_log: MetricsLog, start: float, panels=PLOTTED, **about) -> dict:
+    """Plot (``panels``) + summary (with ``about``'s entries) on rank 0 (the others wait);
+    the summary is printed with ``console`` among ``trainer.logger``, with one validation
+    generation if any."""
     summary: dict = {}
     if is_main():
         records = metrics_log.records
         plot = plot_metrics(records, run_dir / "metrics.png", panels)
         summary = summarize(records, (time.perf_counter() - start) / 60, run_dir, plot)
+        summary.update(about)
         tmp = run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))
         os.replace(tmp, run_dir / "summary.json")

@@ -5,13 +5,25 @@ generations to read (``trainer.log_val_generations``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from fsdp_sharding import default_device
-from klppo_train.ppo.components import Components
+from klppo_train.ppo.components import StepPlan
 from klppo_train.ppo.trajectories import trajectories
 from klppo_train.runtime.process_group import concat_over_ranks, rank_slice, world_size
 from rollout import RolloutBatch
+
+
+class Validated(Protocol):
+    """What validation reads: a run's ``Components``, or ``trainer.val_only``'s
+    :class:`klppo_train.trainer.evaluate.Evaluation`."""
+
+    engine: Any
+    plan: StepPlan
+    tokenizer: Any
+    rewards: Any
+    reward_model: Any
+    budgets: Any
 
 
 @dataclass
@@ -24,7 +36,7 @@ class _Answered:
 
 
 def validate(
-    c: Components, items, batch_size: int = 0, generations: int = 0
+    c: Validated, items, batch_size: int = 0, generations: int = 0
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """``(metrics, rows)``: greedy (``rollout.val_temperature``) accuracy per data source,
     ``val/<source>/acc`` (where the source has a rule), over the whole validation set,
@@ -53,7 +65,7 @@ def validate(
     return metrics, _first_rows(answered.rows, generations)
 
 
-def _score_batch(c: Components, mine: list, hits: dict, answered: _Answered) -> None:
+def _score_batch(c: Validated, mine: list, hits: dict, answered: _Answered) -> None:
     if not mine:  # a last batch smaller than the world size leaves some ranks none
         return
     prompts = [list(item.prompt_ids) for _, item in mine]
@@ -70,7 +82,7 @@ def _score_batch(c: Components, mine: list, hits: dict, answered: _Answered) -> 
         answered.rows.append(_row(c, position, item, text, score))
 
 
-def _row(c: Components, position: int, item, response: str, score) -> dict[str, Any]:
+def _row(c: Validated, position: int, item, response: str, score) -> dict[str, Any]:
     prompt = c.tokenizer.decode(list(item.prompt_ids), skip_special_tokens=True)
     return {
         "position": position,
@@ -83,7 +95,7 @@ def _row(c: Components, position: int, item, response: str, score) -> dict[str, 
     }
 
 
-def _reward_model_scores(c: Components, answered: _Answered) -> list[float]:
+def _reward_model_scores(c: Validated, answered: _Answered) -> list[float]:
     """The reward model's scores (as the reward uses them) of this rank's answers (one
     scoring pass per rank)."""
     t = trajectories(
