@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +148,56 @@ def test_val_only_reproduces_the_final_validation(tmp_path: Path) -> None:
         assert [r["step"] for r in read_records(out)] == [step]
         assert [r["response"] for r in _generations(out / "val_generations.jsonl")] == answers
     assert (run / "metrics.jsonl").read_text() == records
+
+
+def _flip_a_bit(f: Path) -> None:
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+
+
+def test_resume_skips_a_damaged_checkpoint(tmp_path: Path, capsys) -> None:
+    """One bit of the newest checkpoint's largest file flipped after it was published (its
+    size unchanged; truncation and deletion: fsdp_sharding's test_manifest.py): auto-resume
+    says so, keeps it aside as global_step_2.damaged, resumes from step 1, and ends as the
+    uninterrupted run does; naming it in trainer.resume_mode exits 2 before any model."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = ["trainer.save_freq=1", "trainer.max_ckpt_to_keep=0"]
+    assert main([*overrides(straight, steps=3), *common]) == 0
+    assert main([*overrides(resumed, steps=3), *common, "trainer.stop_at_step=2"]) == 0
+    newest = resumed / "checkpoints" / "global_step_2"
+    _flip_a_bit(max(newest.rglob("*.distcp"), key=lambda f: f.stat().st_size))
+    capsys.readouterr()
+    assert main([*overrides(resumed, steps=3), *common, f"trainer.resume_mode={newest}"]) == 2
+    assert "the checkpoint is damaged" in capsys.readouterr().err
+    assert main([*overrides(resumed, steps=3), *common]) == 0
+    assert (resumed / "checkpoints" / "global_step_2.damaged" / "manifest.json").is_file()
+    a, b = assert_complete_run(straight, 3), assert_complete_run(resumed, 3)
+    for x, y in zip(a, b, strict=True):
+        keep = [k for k in x if not k.startswith(("timing_s/", "perf/"))]
+        assert {k: x[k] for k in keep} == {k: y[k] for k in keep}, x["step"]
+
+
+def _small_files() -> None:
+    """Files may not grow past 2 MiB (the embedded model's 1.3 MB passes, a checkpoint's
+    ~4 MB shard fails): a full disk as the save meets it, a write that fails."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))
+
+
+def test_a_save_that_cannot_be_written_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [*overrides(run, steps=2), "trainer.save_freq=1"]
+    assert main([*args, "trainer.stop_at_step=1"]) == 0
+    cmd = [sys.executable, "-m", "klppo_train", *args]
+    done = subprocess.run(cmd, preexec_fn=_small_files, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr[-3000:]
+    error = done.stderr.rpartition("klppo-train: error: ")[2]
+    assert "\n" not in error.strip() and "Traceback" not in done.stderr
+    assert "global_step_2 could not be written" in error and "global_step_1) is intact" in error
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["global_step_1"]  # no partial
+    assert main(args) == 0  # space again: resumes from step 1
+    assert [r["step"] for r in read_records(run)] == [0, 1, 2]
 
 
 def test_resume_from_a_missing_path_fails_before_any_work(tmp_path: Path, capsys) -> None:

@@ -6,6 +6,7 @@
   :class:`ActivationOffload`
 - :func:`clip_grad_norm`, :func:`iter_full_state_dict` (streamed full weights, HF names)
 - :func:`save_checkpoint`, :func:`load_checkpoint` (DCP, atomic), :func:`export_hf`
+- :func:`write_manifest`, :func:`verify_manifest`: a checkpoint's files, sizes and CRC-32
 """
 
 from importlib import import_module
@@ -31,6 +32,9 @@ _EXPORTS = {
     "export_hf": "checkpoint",
     "iter_full_state_dict": "state",
     "load_checkpoint": "checkpoint",
+    "write_manifest": "manifest",
+    "verify_manifest": "manifest",
+    "has_manifest": "manifest",
     "load_model": "memory",
     "load_optimizer": "memory",
     "offload_model": "memory",

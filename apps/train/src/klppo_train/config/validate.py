@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from batching import check_token_budgets
+from fsdp_sharding import has_manifest, verify_manifest  # fsdp_sharding.manifest: no torch
 from klppo_train.budgets.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
 from klppo_train.config.choices import (
     ADV_ESTIMATORS,
@@ -370,12 +371,18 @@ def _check_compiler(model: ModelConfig) -> None:
 def _check_resume(trainer: TrainerConfig) -> None:
     mode = trainer.resume_mode
     first = "actor" if trainer.task == "ppo" else "reward_model"
-    if mode not in ("auto", "disable") and not (Path(mode).expanduser() / first).is_dir():
+    if mode in ("auto", "disable"):
+        return
+    path = Path(mode).expanduser()
+    if not (path / first).is_dir():
         raise ValueError(
             f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or a checkpoint directory "
             f"(run_dir/checkpoints/global_step_<N>, with a{'n' * (first == 'actor')} "
             f"{first}/ inside)"
         )
+    problem = verify_manifest(path) if has_manifest(path) else None
+    if problem is not None:
+        raise ValueError(f"trainer.resume_mode={mode!r}: the checkpoint is damaged: {problem}")
 
 
 def _check_val_only(cfg: AppConfig) -> None:

@@ -48,6 +48,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def from_main(value: T) -> T:
+    """Rank 0's ``value`` on every rank (a collective; the value itself alone)."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 

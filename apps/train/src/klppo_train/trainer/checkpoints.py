@@ -6,9 +6,11 @@ trainer state: the step and every :class:`Stateful` of :func:`stateful` -- each 
 scheduler, the KL controller, the data-loader position, the token budgets (as probed or
 backed off: a resumed run neither probes again nor forgets a halving) and the RNG states --
 each saving and loading itself (torchtitan's ``Stateful``). A step directory is written
-under a temporary name and renamed into place when complete, so ``resume_mode=auto`` only
-ever sees whole checkpoints; older ones beyond ``trainer.max_ckpt_to_keep`` are then
-deleted.
+under a temporary name, gets a manifest of its files (sizes, CRC-32:
+:mod:`fsdp_sharding.manifest`) written last, and is renamed into place when complete and
+verified; older ones beyond ``trainer.max_ckpt_to_keep`` are then deleted. ``resume_mode=auto``
+takes the newest checkpoint whose files match its manifest: a damaged one is reported and
+skipped, never deleted.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
+from fsdp_sharding import has_manifest, verify_manifest, write_manifest
 from klppo_train.budgets.run_budgets import RunBudgets
+from klppo_train.config.errors import UserError
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.components import Components
-from klppo_train.runtime.process_group import barrier, is_main
+from klppo_train.runtime.process_group import barrier, from_main, is_main
 
 log = logging.getLogger("klppo_train")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -109,12 +114,19 @@ def save_checkpoint_dir(
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
     state = {name: s.state_dict() for name, s in states.items()}
-    trainees[0].save(tmp / trainees[0].name, {"step": step, **state})  # the trainer state
-    for trainee in trainees[1:]:
-        trainee.save(tmp / trainee.name)
+    try:
+        trainees[0].save(tmp / trainees[0].name, {"step": step, **state})  # the trainer state
+        for trainee in trainees[1:]:
+            trainee.save(tmp / trainee.name)
+    except (OSError, RuntimeError, CheckpointException) as err:  # a full disk, a quota
+        raise _unwritten(run_dir, final, tmp, err) from err
     if is_main():
+        write_manifest(tmp)  # last: a checkpoint without one was never finished
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        problem = verify_manifest(final)  # read back: pruning then never removes the only
+        if problem is not None:  # intact checkpoint
+            raise RuntimeError(f"the checkpoint just written does not verify: {problem}")
         if keep > 0:  # 0 keeps them all
             for _, old in complete_checkpoints(run_dir)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -123,14 +135,28 @@ def save_checkpoint_dir(
     return final
 
 
+def _unwritten(run_dir: Path, final: Path, tmp: Path, err: BaseException) -> UserError:
+    """A save that failed (torch reports a full disk as a failed write inside its zip
+    writer, DCP wraps it): the partial directory removed, the previous checkpoints as they
+    were; the error names the path."""
+    if is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+    found = complete_checkpoints(run_dir)
+    kept = f"the previous checkpoint ({found[-1][1]}) is intact" if found else "none was kept"
+    cause = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return UserError(
+        f"checkpoint {final} could not be written ({cause}); is the disk full? {kept}: "
+        "free space and run again to resume"
+    )
+
+
 def resolve_resume(run_dir: Path, resume_mode: str, first: str = "actor") -> Path | None:
     """``auto``: the newest checkpoint of the run (or none); ``disable``: none; else a path,
     which must be a checkpoint directory (with the ``first`` trainee's folder inside)."""
     if resume_mode == "disable":
         return None
-    if resume_mode == "auto":
-        found = complete_checkpoints(run_dir)
-        return found[-1][1] if found else None
+    if resume_mode == "auto":  # rank 0 reads the files; every rank takes its answer
+        return from_main(newest_intact(run_dir) if is_main() else None)
     path = Path(resume_mode).expanduser()
     if not (path / first).is_dir():
         raise FileNotFoundError(
@@ -138,6 +164,30 @@ def resolve_resume(run_dir: Path, resume_mode: str, first: str = "actor") -> Pat
             f"(expected run_dir/checkpoints/global_step_<N> with a {first}/ inside)"
         )
     return path
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with checkpoint ``path`` (None: intact). One written before manifests
+    existed cannot be verified: it is taken as it is, with a log line."""
+    if not has_manifest(path):
+        log.info("checkpoint %s has no manifest (an older klppo wrote it): not verified", path)
+        return None
+    return verify_manifest(path)
+
+
+def newest_intact(run_dir: Path) -> Path | None:
+    """The newest checkpoint of the run whose files match its manifest. Each damaged newer
+    one is reported and renamed ``<name>.damaged`` (kept for inspection, out of the way of
+    the resumed run's own save of that step and of the retention)."""
+    for _, path in reversed(complete_checkpoints(run_dir)):
+        problem = damage(path)
+        if problem is None:
+            return path
+        kept = path.with_name(f"{path.name}.damaged")
+        shutil.rmtree(kept, ignore_errors=True)  # an older one of the same step
+        path.rename(kept)
+        log.warning("checkpoint %s is damaged (%s): skipped, kept as %s", path, problem, kept)
+    return None
 
 
 def load_trainer_checkpoint(

@@ -151,18 +151,19 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> Me
     if not first and cfg.trainer.val_before_train:
         metrics_log.log(0, validation(0))
     last = min(steps, cfg.trainer.stop_at_step or steps)
-    for step in range(first + 1, last + 1):
-        metrics = ppo_step(c, loader.next_batch(), step)
-        for scheduler in schedulers:
-            scheduler.step()
-        if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
-            metrics.update(validation(step))
-        metrics_log.log(step, global_metrics(metrics))
-        if _due(step, cfg.trainer.save_freq, last):
-            save_trainer_checkpoint(
-                run_dir, c, schedulers, loader, step, cfg.trainer.max_ckpt_to_keep
-            )
-    metrics_log.close()
+    try:  # however the steps end: the bar closed before an error prints, trackers finished
+        for step in range(first + 1, last + 1):
+            metrics = ppo_step(c, loader.next_batch(), step)
+            for scheduler in schedulers:
+                scheduler.step()
+            if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
+                metrics.update(validation(step))
+            metrics_log.log(step, global_metrics(metrics))
+            if _due(step, cfg.trainer.save_freq, last):
+                keep = cfg.trainer.max_ckpt_to_keep
+                save_trainer_checkpoint(run_dir, c, schedulers, loader, step, keep)
+    finally:
+        metrics_log.close()
     if last == steps:
         export_hf(c.actor.model, c.tokenizer, run_dir / "actor_hf")
     return metrics_log
