@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from klppo_train.tracking.trackers import TrackedRun, open_trackers
 
@@ -30,21 +28,19 @@ class Tracking:
     """Where a run's metrics go (``trainer.logger``), under which names
     (``trainer.project_name`` / ``experiment_name``; "" = the run directory's name), how many
     validation generations each validation step records (``trainer.log_val_generations``)
-    and the resolved config the trackers store."""
+    and the resolved config the trackers store (nested, as ``--print-config`` shows it)."""
 
     loggers: tuple[str, ...]
     project: str
     experiment: str
     generations: int
-    config_yaml: str
+    config: dict[str, Any]
 
     @classmethod
     def from_config(cls, cfg: Any) -> Tracking:
-        from klppo_train.config.schema import to_yaml
-
         t = cfg.trainer
         name = t.experiment_name or Path(t.run_dir).expanduser().resolve().name
-        return cls(tuple(t.logger), t.project_name, name, t.log_val_generations, to_yaml(cfg))
+        return cls(tuple(t.logger), t.project_name, name, t.log_val_generations, asdict(cfg))
 
 
 def read_jsonl(path: Path, up_to_step: int | None = None) -> list[dict]:
@@ -89,8 +85,8 @@ class MetricsLog:
             _rewrite(self.path, self.records)
         if tracking.generations:
             _rewrite(self.generations_path, self.generations)
-        config = yaml.safe_load(tracking.config_yaml)
-        run = TrackedRun(run_dir, tracking.project, tracking.experiment, config, start_step)
+        t = tracking
+        run = TrackedRun(run_dir, t.project, t.experiment, t.config, start_step)
         self.trackers = open_trackers(tracking.loggers, run)
         self.bar = None
         if "console" in tracking.loggers:

@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 IDS_FILE = "trackers.json"  # in the run directory: each tracker's run id
-COLUMNS = ("step", "data_source", "prompt", "response", "ground_truth", "score")
+COLUMNS = (
+    "step",
+    "data_source",
+    "prompt",
+    "response",
+    "ground_truth",
+    "score",
+    "reward_model_score",
+)
 """A validation generation's fields (``trainer.log_val_generations``)."""
 
 

@@ -28,7 +28,7 @@ from fsdp_sharding import default_device, iter_full_state_dict, load_checkpoint
 from klppo_train.budgets.roles import AUTO, longest_sequence
 from klppo_train.budgets.run_budgets import RunBudgets, configured, resolve_budgets
 from klppo_train.config.preflight import Checked
-from klppo_train.config.schema import AppConfig, to_yaml
+from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.components import StepPlan
 from klppo_train.reward_model.serve import RewardModelReward
@@ -37,8 +37,8 @@ from klppo_train.runtime.precision import Precision, resolve_precision
 from klppo_train.runtime.process_group import init_distributed, is_main
 from klppo_train.tracking.metrics_log import MetricsLog, Tracking
 from klppo_train.trainer.assemble import StepBuilder
-from klppo_train.trainer.build import _load, _reward_model, _sharded, ensure_model_dir
-from klppo_train.trainer.run import NORMALIZATION_FILE, finish
+from klppo_train.trainer.build import _load, _reward_model, _sharded
+from klppo_train.trainer.run import NORMALIZATION_FILE, finish, prepare_run_dir
 from klppo_train.trainer.validation import validate
 from rollout import WeightSync
 
@@ -66,14 +66,8 @@ def evaluate(cfg: AppConfig, checked: Checked) -> dict:
     e = None
     try:
         start = time.perf_counter()
-        run_dir = Path(cfg.trainer.run_dir).expanduser()
+        run_dir, model_dir = prepare_run_dir(cfg, VAL_ONLY_DIR)
         out = run_dir / VAL_ONLY_DIR
-        if is_main():
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.yaml").write_text(to_yaml(cfg))
-            ensure_model_dir(cfg, run_dir)
-        dist.barrier()
-        model_dir = ensure_model_dir(cfg, run_dir)
         e, step, rm_state = _build(cfg, checked, model_dir)
         if e.reward_model is not None:
             _set_normalization(e.reward_model, rm_state, run_dir)

@@ -28,8 +28,10 @@ class Validated(Protocol):
 
 @dataclass
 class _Answered:
-    """This rank's answered prompts: the items, their samples, and one row per sample."""
+    """This rank's answered prompts: the items, their samples, and (only when generations
+    are recorded) one row per sample, its prompt still as token ids."""
 
+    keep_rows: bool
     items: list = field(default_factory=list)
     samples: list = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -50,7 +52,7 @@ def validate(
         return {}, []
     size = batch_size or len(items)
     hits: dict[str, list[float]] = {}
-    answered = _Answered()
+    answered = _Answered(keep_rows=generations > 0)
     for start in range(0, len(items), size):
         mine = rank_slice(list(enumerate(items))[start : start + size])
         _score_batch(c, mine, hits, answered)
@@ -58,11 +60,12 @@ def validate(
     metrics = {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
     if c.reward_model is not None and len(items) >= world_size():  # every rank has samples
         scores = _reward_model_scores(c, answered)
-        for row, score in zip(answered.rows, scores, strict=True):
-            row["reward_model_score"] = score
+        if answered.keep_rows:
+            for row, score in zip(answered.rows, scores, strict=True):
+                row["reward_model_score"] = score
         every = concat_over_ranks({"score": scores})["score"]
         metrics["val/reward_model/score"] = sum(every) / len(every)
-    return metrics, _first_rows(answered.rows, generations)
+    return metrics, _first_rows(c, answered.rows, generations)
 
 
 def _score_batch(c: Validated, mine: list, hits: dict, answered: _Answered) -> None:
@@ -74,20 +77,23 @@ def _score_batch(c: Validated, mine: list, hits: dict, answered: _Answered) -> N
         position, item = mine[sample.prompt_index]
         answered.items.append(item)
         answered.samples.append(replace(sample, prompt_index=len(answered.samples)))
+        ruled = c.rewards.has_rule(item.data_source)
+        if not (ruled or answered.keep_rows):
+            continue
         text = c.tokenizer.decode(list(sample.response_token_ids), skip_special_tokens=True)
         score = None
-        if c.rewards.has_rule(item.data_source):
+        if ruled:
             score = c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info)
             hits.setdefault(item.data_source, []).append(float(score >= 1.0))
-        answered.rows.append(_row(c, position, item, text, score))
+        if answered.keep_rows:
+            answered.rows.append(_row(position, item, text, score))
 
 
-def _row(c: Validated, position: int, item, response: str, score) -> dict[str, Any]:
-    prompt = c.tokenizer.decode(list(item.prompt_ids), skip_special_tokens=True)
+def _row(position: int, item, response: str, score) -> dict[str, Any]:
     return {
         "position": position,
         "data_source": item.data_source,
-        "prompt": prompt,
+        "prompt_ids": item.prompt_ids,  # decoded for the rows kept (_first_rows)
         "response": response,
         "ground_truth": item.ground_truth,
         "score": None if score is None else float(score),
@@ -109,10 +115,16 @@ def _reward_model_scores(c: Validated, answered: _Answered) -> list[float]:
     return c.reward_model.score(raw, t).tolist()
 
 
-def _first_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """The first ``n`` rows of every rank's, in validation-set order."""
+def _first_rows(c: Validated, rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first ``n`` rows of every rank's, in validation-set order, prompts decoded."""
     if n <= 0:
         return []
     every = concat_over_ranks({"rows": rows})["rows"]
     first = sorted(every, key=lambda r: r["position"])[:n]
-    return [{k: v for k, v in r.items() if k != "position"} for r in first]
+    return [_readable(c, r) for r in first]
+
+
+def _readable(c: Validated, row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if k not in ("position", "prompt_ids")}
+    prompt = c.tokenizer.decode(list(row["prompt_ids"]), skip_special_tokens=True)
+    return {"data_source": out.pop("data_source"), "prompt": prompt, **out}
