@@ -23,7 +23,7 @@ from pathlib import Path
 
 from klppo_train.__main__ import main as train
 from klppo_train.budgets.faults import ENV, PASSES
-from klppo_train.budgets.run_budgets import KEYS
+from klppo_train.budgets.roles import ROLES
 
 RECIPE = Path(__file__).resolve().parents[1] / "apps" / "train" / "recipes" / "default.yaml"
 STEPS = 6
@@ -46,7 +46,7 @@ def run_args(run: Path, budgets: dict[str, int]) -> list[str]:
         "critic.ppo_mini_batch_size=4",
         "rollout.n=4",
         "rollout.engine=hf",
-        *(f"{KEYS[role]}={tokens}" for role, tokens in budgets.items()),
+        *(f"{ROLES[role].budget_key}={tokens}" for role, tokens in budgets.items()),
     ]
 
 

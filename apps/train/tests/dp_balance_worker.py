@@ -34,9 +34,10 @@ def rank_rollouts(rank: int) -> tuple[list[PromptItem], RolloutBatch]:
 def main(out_dir: Path) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
-    items, batch, metrics = balance_rollouts(*rank_rollouts(rank))
+    items, batch, metrics, positions = balance_rollouts(*rank_rollouts(rank))
     held = {
         "rows": [item.index for item in items],
+        "positions": positions,
         "prompt_index": [s.prompt_index for s in batch.samples],
         # each sample's first token encodes (row, sample) of its origin
         "origin": [s.response_token_ids[0] for s in batch.samples],

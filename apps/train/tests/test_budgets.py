@@ -46,9 +46,10 @@ def budgets(actor=40, rollout=40, minimum=10) -> RunBudgets:
 
 
 def test_fault_specs_are_checked() -> None:
-    assert parse_faults("2:ref:0, 3:update_actor:5") == {(2, "ref", 0), (3, "update_actor", 5)}
-    assert parse_faults("") == set()
-    for bad in ("2:ref", "x:ref:0", "2:refs:0", "2:ref:-1"):
+    found = parse_faults("2:ref:0, 3:update_actor:5@1")
+    assert found == {(2, "ref", 0): None, (3, "update_actor", 5): 1}  # rank 1 only
+    assert parse_faults("") == {}
+    for bad in ("2:ref", "x:ref:0", "2:refs:0", "2:ref:-1", "2:ref:0@", "2:ref:0@x"):
         with pytest.raises(ValueError, match="KLPPO_FAULT_OOM"):
             parse_faults(bad)
 
@@ -137,6 +138,25 @@ def test_budgets_json_is_written_on_every_change(tmp_path) -> None:
     again = RunBudgets.from_state(saved)
     assert again.tokens == state.tokens and again.backoffs == state.backoffs
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_checkpoint_keeps_its_budgets_only_at_its_own_world_size() -> None:
+    """Per-rank budgets saved at world size 2 are not taken by a run at 1 (it chooses them
+    again); saved at 1 (this process), they are, halvings and all."""
+    from types import SimpleNamespace
+
+    from klppo_train.trainer.checkpoints import BudgetsInForce
+
+    state = budgets()
+    state.back_off("update_actor", 2, "oom")
+    saved = BudgetsInForce(SimpleNamespace(budgets=state)).state_dict()
+    assert saved["world_size"] == 1
+    same = SimpleNamespace(budgets=None)
+    BudgetsInForce(same).load_state_dict(saved)
+    assert same.budgets.tokens == state.tokens and same.budgets.backoffs == state.backoffs
+    other = SimpleNamespace(budgets=None)
+    BudgetsInForce(other).load_state_dict({**saved, "world_size": 2})
+    assert other.budgets is None  # chosen again from the config
 
 
 # ----------------------------------------------------------------- config and auto

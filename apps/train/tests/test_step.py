@@ -191,14 +191,35 @@ def test_shared_prompts_run_fewer_tokens_for_the_same_step() -> None:
 
 
 def test_mini_batches_hold_whole_prompts_in_a_seeded_order() -> None:
-    prompts = torch.tensor([3, 3, 0, 0, 7, 7, 5, 5])  # rows of 4 prompts, n = 2
-    batches = mini_batches(prompts, rows_per_mini=4, seed=0)
+    prompts = torch.tensor([1, 1, 0, 0, 3, 3, 2, 2])  # rows of 4 prompts, n = 2
+    batches = mini_batches(prompts, 2, seed=0)
     assert sorted(torch.cat(batches).tolist()) == list(range(8))  # every row once
     for rows in batches:
         assert len(rows) == 4
         assert all((prompts[rows] == p).sum() == 2 for p in prompts[rows])  # whole prompts
-    orders = {tuple(torch.cat(mini_batches(prompts, 4, seed)).tolist()) for seed in range(8)}
+    orders = {tuple(torch.cat(mini_batches(prompts, 2, seed)).tolist()) for seed in range(8)}
     assert len(orders) > 1  # shuffled: the seed decides the order of the prompts
+
+
+def test_global_mini_batches_split_the_same_prompts_at_every_world_size() -> None:
+    """Two ranks holding halves of 8 prompts (n = 2) cut the same global mini-batches as one
+    process holding all of them; a rank may hold none of a mini-batch's prompts."""
+    every = torch.arange(8).repeat_interleave(2)
+    halves = (every[:8], every[8:])
+    for seed in range(20):
+        alone = [every[rows].unique().tolist() for rows in mini_batches(every, 2, seed, 8)]
+        split = [mini_batches(half, 2, seed, 8) for half in halves]
+        assert [len(s) for s in split] == [4, 4]
+        for j, prompts in enumerate(alone):
+            held = [half[rows] for half, rows in zip(halves, (s[j] for s in split), strict=True)]
+            assert sorted(torch.cat(held).unique().tolist()) == prompts
+    empty = [
+        j
+        for seed in range(20)
+        for j, rows in enumerate(mini_batches(halves[0], 2, seed, 8))
+        if len(rows) == 0
+    ]
+    assert empty  # some mini-batch holds only the other rank's prompts
 
 
 def test_static_micro_batches_follow_the_per_gpu_sizes() -> None:

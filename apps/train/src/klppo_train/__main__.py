@@ -77,7 +77,24 @@ def main(argv: list[str] | None = None) -> int:
         task.train(config, checked)  # rank 0 prints the summary; summary.json is in the run dir
     except UserError as err:  # found once the models exist: an auto budget that cannot fit
         return _user_error(err, args.debug)
+    except Exception as err:
+        return _fault(err)
     return 0
+
+
+def _fault(err: Exception) -> int:
+    """A preempted run's exit code; one line and exit 1 for a lost rank; else ``err``."""
+    # loaded with the run (deferred: the checks before it run without torch)
+    from klppo_train.runtime.process_group import LostRank
+    from klppo_train.trainer.preemption import PREEMPTED_EXIT, Preempted
+
+    if isinstance(err, Preempted):
+        log.warning("klppo-train: %s; exit %d (resume_mode=auto continues)", err, PREEMPTED_EXIT)
+        return PREEMPTED_EXIT
+    if isinstance(err, LostRank):
+        print(f"klppo-train: error: {err}", file=sys.stderr)
+        return 1
+    raise err
 
 
 def _user_error(err: UserError, debug: bool) -> int:

@@ -109,6 +109,7 @@ NON_NEGATIVE = {
 }
 # Keys that must be > 0.
 POSITIVE = (
+    "trainer.collective_timeout_s",
     "actor.lr",
     "critic.lr",
     "critic.cliprange_value",

@@ -55,6 +55,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "reward_model.model.fsdp_config.*": ("reward_model.fsdp.*",),
     "data.max_response_length": ("rollout.sampling.max_new_tokens",),
     "trainer.default_local_dir": ("trainer.run_dir",),
+    "actor_rollout_ref.nccl_timeout": ("trainer.collective_timeout_s",),
 }
 
 # klppo's short names (verl's flat ones) for fields of the packages' configs that the app's

@@ -18,6 +18,7 @@ from torch import nn
 from batching import PackedFn, Packing, next_token_labels, per_response_token, run_micro_batch
 from klppo_train.budgets.faults import FAULTS
 from klppo_train.runtime.packed_attention import VARLEN
+from klppo_train.runtime.process_group import failed_ranks
 from ppo_core import logprobs_and_entropy
 
 
@@ -30,12 +31,37 @@ def _checked_sharing(model: nn.Module, share_prompts: bool) -> bool:
     return share_prompts
 
 
+def agreeing(compute: PackedFn) -> PackedFn:
+    """``compute``, after which the ranks agree whether any of them ran out of memory in it
+    (:func:`klppo_train.runtime.process_group.failed_ranks`) and then all raise
+    ``torch.OutOfMemoryError``, so the OOM back-off halves the budget and redoes the pass on
+    every rank together. Mended thus: an OOM raised after the micro-batch's model forward
+    (the logits, the log-softmax: the largest allocations) or before it. One raised inside
+    a layer or in the backward leaves the other ranks in a collective this rank skipped:
+    they stop at ``trainer.collective_timeout_s``."""
+
+    def run(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        error, out = "", None
+        try:
+            out = compute(model, packing, keep)
+        except torch.OutOfMemoryError as err:
+            error = str(err).splitlines()[0] if str(err) else "out of memory"
+        # Outside the except block: the failed forward's frames (and memory) are gone.
+        failed = failed_ranks(bool(error))
+        if failed:
+            raise torch.OutOfMemoryError(error or f"out of memory on rank {failed[0]}")
+        return out
+
+    return run
+
+
 def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
+    @agreeing
     def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        FAULTS.micro_batch()  # the OOM test hook (klppo_train.budgets.faults): nothing when unset
         # squeeze, not [0]: select's backward zero-fills a [1, K, V] gradient and copies
         # into it (SmolLM2, 2800 kept tokens: 276 MB, ~0.5 s per actor update on CPU).
         logits = model(**packing.model_kwargs(), logits_to_keep=keep).logits.squeeze(0)
+        FAULTS.micro_batch()  # the OOM test hook (klppo_train.budgets.faults): nothing when unset
         labels, _ = next_token_labels(packing)
         logprobs, entropy = logprobs_and_entropy(logits, labels[0, keep], temperature, with_entropy)
         return (logprobs,) if entropy is None else (logprobs, entropy)
@@ -43,18 +69,21 @@ def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
     return compute
 
 
+@agreeing
 def _values(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
+    values = model(**packing.model_kwargs()).logits[0, keep, 0].float()  # [K] of [1, nnz, 1]
     FAULTS.micro_batch()
-    return (model(**packing.model_kwargs()).logits[0, keep, 0].float(),)  # [K] of [1, nnz, 1]
+    return (values,)
 
 
+@agreeing
 def _token_scores(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
-    FAULTS.micro_batch()
     # keep predicts each response token; keep + 1 is that token itself (sequences are packed
     # contiguously here: no prompt sharing), where a reward model's head reads. A response
     # shorter than T also keeps its last token, whose "next" is padding (masked out): the
     # clamp only keeps the packed row's very last one in bounds.
     logits = model(**packing.model_kwargs()).logits
+    FAULTS.micro_batch()
     return (logits[0, (keep + 1).clamp(max=logits.shape[1] - 1), 0].float(),)
 
 

@@ -79,14 +79,16 @@ def _generate(c: Components, items: Sequence[PromptItem], step: int, span: range
         seeds=plan.sampling.request_seeds(step, span),
     )
     balance: dict[str, float] = {}
+    positions = list(span)
     if plan.balance_batch:
-        items, batch, balance = balance_rollouts(items, batch)
+        items, batch, balance, positions = balance_rollouts(items, batch)
     t = trajectories(
         [i.prompt_ids for i in items],
         batch,
         pad_token_id=c.tokenizer.pad_token_id,
         response_length=plan.response_length,
         device=default_device(),
+        positions=positions,
     )
     return items, t, balance
 

@@ -22,7 +22,10 @@ class Trajectories:
     input_ids, attention_mask: ``[N, P + T]``.
     response_mask: ``[N, T]`` 1 on generated tokens.
     engine_logprobs: ``[N, T]`` the engine's log-probs of the sampled tokens (0 at padding).
-    prompt_index: ``[N]`` which prompt each sample answers (the GRPO/RLOO group).
+    prompt_index: ``[N]`` which prompt each sample answers (the GRPO/RLOO group), as an
+        index into this rank's prompts.
+    prompt_position: ``[N]`` that prompt's position in the step's batch over all ranks (the
+        global mini-batches are cut by it); None: ``prompt_index`` (one process).
     policy_version: the weights version that generated the samples.
     old_logprobs, entropy: ``[N, T]`` the policy's before the update (the old-log-prob pass;
         None on the on-policy shortcut: logπ_old = sg(logπ) in the update).
@@ -37,6 +40,7 @@ class Trajectories:
     engine_logprobs: torch.Tensor
     prompt_index: torch.Tensor
     policy_version: int = 0
+    prompt_position: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
@@ -61,10 +65,15 @@ def trajectories(
     pad_token_id: int,
     response_length: int,
     device: torch.device | str = "cpu",
+    positions: Sequence[int] | None = None,
 ) -> Trajectories:
     """Stack prompts and the engine's responses into :class:`Trajectories` on ``device``
-    (the trainer's: the models' inputs, and every tensor computed from them, live there)."""
+    (the trainer's: the models' inputs, and every tensor computed from them, live there).
+    ``positions``: each prompt's position in the step's batch over all ranks."""
     index = [s.prompt_index for s in batch.samples]
+    position = None
+    if positions is not None:
+        position = torch.tensor([positions[i] for i in index], dtype=torch.long, device=device)
     prompt_ids, prompt_mask = left_pad([prompts[i] for i in index], pad_token_id)
     response_ids, logprobs, response_mask = batch.response_tensors(pad_token_id, response_length)
     return Trajectories(
@@ -74,4 +83,5 @@ def trajectories(
         engine_logprobs=logprobs.to(device),
         prompt_index=torch.tensor(index, dtype=torch.long, device=device),
         policy_version=batch.policy_version,
+        prompt_position=position,
     )

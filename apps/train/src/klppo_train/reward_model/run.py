@@ -138,7 +138,7 @@ def probe_shape(cfg: AppConfig) -> ProbeShape:
 def train_reward_model(cfg: AppConfig, checked: CheckedPairs | None = None) -> dict:
     """Train (resuming if asked), export ``run_dir/reward_model_hf``; the summary."""
     checked = checked or preflight_pairs(cfg, launch_world_size())
-    init_distributed()
+    init_distributed(cfg.trainer.collective_timeout_s)
     try:
         start = time.perf_counter()
         run_dir, model_dir = prepare_run_dir(cfg)

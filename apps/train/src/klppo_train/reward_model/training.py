@@ -106,8 +106,11 @@ class RewardTrainee(Trainee):
     """The reward model's trainee (``name`` ``reward_model``): one optimizer step per batch
     of pairs. ``update.micro_batch_size`` (static mode) counts sequences, two per pair."""
 
-    def accumulate(self, batch: PairBatch | Trajectories, max_tokens: int) -> dict[str, float]:
-        """Backward every micro-batch of whole pairs; ``rm/*`` metrics (pair means)."""
+    def accumulate(
+        self, batch: PairBatch | Trajectories, max_tokens: int, filler: None = None
+    ) -> dict[str, float]:
+        """Backward every micro-batch of whole pairs; ``rm/*`` metrics (pair means). Every
+        rank holds an equal share of the pairs: no filler micro-batches."""
         if isinstance(batch, Trajectories):  # the budget probe's synthetic rows, paired up
             batch = PairBatch(batch, torch.zeros(len(batch.input_ids) // 2))
         pairs = len(batch.margins)

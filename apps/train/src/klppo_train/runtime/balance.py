@@ -46,23 +46,26 @@ def _as_generated(counts: list[int], loads: list[int]) -> RankAssignment:
 
 def balance_rollouts(
     items: Sequence[PromptItem], batch: RolloutBatch
-) -> tuple[list[PromptItem], RolloutBatch, dict[str, float]]:
-    """This rank's balanced share of every rank's ``(items, batch)``, and
-    ``perf/dp_imbalance_{before,after}`` (max / mean tokens per rank). A collective; at
-    world size 1 the input comes back unchanged (and no metrics)."""
+) -> tuple[list[PromptItem], RolloutBatch, dict[str, float], list[int]]:
+    """This rank's balanced share of every rank's ``(items, batch)``,
+    ``perf/dp_imbalance_{before,after}`` (max / mean tokens per rank) and the positions of
+    the share's prompts in the step's batch (the ranks' prompts in rank order). A
+    collective; at world size 1 the input comes back unchanged (and no metrics)."""
     world = world_size()
     if world == 1:
-        return list(items), batch, {}
+        return list(items), batch, {}, list(range(len(items)))
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, _groups(items, batch))
     groups = [group for rank_groups in gathered for group in rank_groups]
     loads = [_load(g) for g in groups]
     before = _as_generated([len(rank_groups) for rank_groups in gathered], loads)
     assignment = balance_across_ranks(loads, world)
-    mine = [groups[g] for g in assignment.ranks[dist.get_rank()]]
+    positions = list(assignment.ranks[dist.get_rank()])
+    mine = [groups[g] for g in positions]
     samples = [replace(s, prompt_index=i) for i, (_, group) in enumerate(mine) for s in group]
     metrics = {
         "perf/dp_imbalance_before": before.imbalance,
         "perf/dp_imbalance_after": assignment.imbalance,
     }
-    return [item for item, _ in mine], RolloutBatch(samples, batch.policy_version), metrics
+    batch = RolloutBatch(samples, batch.policy_version)
+    return [item for item, _ in mine], batch, metrics, positions

@@ -11,6 +11,7 @@ process on the whole batch.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -19,16 +20,22 @@ import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+_HOST_GROUP: Any = None  # gloo beside NCCL: host-side agreements without a device sync
 
 
-def init_distributed() -> tuple[int, int]:
-    """``(rank, world_size)``, creating the default process group if there is none."""
+def init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
+    """``(rank, world_size)``, creating the default process group if there is none;
+    ``timeout_s``: how long a collective waits for a rank that does not arrive
+    (``trainer.collective_timeout_s``)."""
+    global _HOST_GROUP
     if not dist.is_initialized():
         if "RANK" in os.environ:  # torchrun
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group(backend, timeout=timedelta(minutes=30))
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            if backend == "nccl" and dist.get_world_size() > 1:
+                _HOST_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         elif torch.cuda.is_available():
             # One process on a GPU machine trains on its GPU: a 1-rank NCCL group, so
             # default_device() is CUDA (a gloo group would silently train on the CPU).
@@ -37,6 +44,51 @@ def init_distributed() -> tuple[int, int]:
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
+
+
+def failed_ranks(failed: bool) -> list[int]:
+    """The ranks whose ``failed`` is true (every rank calls it: one host-side all-reduce of
+    ``world_size`` flags; none at world size 1)."""
+    if world_size() == 1:
+        return [0] if failed else []
+    flags = torch.zeros(world_size(), dtype=torch.int32)
+    flags[dist.get_rank()] = int(failed)
+    dist.all_reduce(flags, group=_HOST_GROUP)
+    return flags.nonzero().flatten().tolist()
+
+
+class LostRank(RuntimeError):
+    """A collective waited ``trainer.collective_timeout_s`` for a rank that never came."""
+
+
+def timed_out(err: BaseException, timeout_s: float) -> LostRank | None:
+    """``err`` as a :class:`LostRank` naming the ranks that did not check in (every live
+    rank calls it after the same timeout), or None when ``err`` is not a collective's
+    timeout."""
+    text = str(err)
+    if not isinstance(err, RuntimeError) or "timed out" not in text.lower():
+        return None
+    silent = silent_ranks(min(timeout_s, 30.0))
+    who = f"rank {', '.join(map(str, silent))} did not answer" if silent else text.splitlines()[0]
+    return LostRank(
+        f"rank {dist.get_rank()}: a collective waited trainer.collective_timeout_s="
+        f"{timeout_s:g} s for another rank: {who}"
+    )
+
+
+def silent_ranks(wait_s: float) -> list[int]:
+    """The ranks that do not check in within ``wait_s`` through the rendezvous store (the
+    collectives' own connections are closed once one of them timed out)."""
+    store = dist.distributed_c10d._get_default_store()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = f"klppo/alive/{attempt}/{{}}".format
+    store.set(key(dist.get_rank()), "1")
+    deadline = time.monotonic() + wait_s
+    while True:
+        missing = [r for r in range(world_size()) if not store.check([key(r)])]
+        if not missing or time.monotonic() > deadline:
+            return missing
+        time.sleep(0.2)
 
 
 def is_main() -> bool:
@@ -87,8 +139,8 @@ def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
 
 # How a step's metric combines over ranks (the rest are token means, weighted by each
 # rank's TOKENS): counts add up; these are equal-weight means -- per-sample means (ranks
-# hold equal numbers of samples), the loss shares (each rank's is scaled by dp_size, so
-# their mean is the global loss), values every rank shares, per-device throughput.
+# hold equal numbers of samples), values every rank shares (the updates' metrics: the
+# trainees reduce them over the ranks), per-device throughput.
 TOKENS = "perf/response_tokens"
 # klppo_train.runtime.engine.RolloutStats's counters (vLLM's, per step)
 ROLLOUT_COUNTS = (
@@ -134,8 +186,8 @@ def _combine(name: str, values: list[float], tokens: list[float]) -> float:
 def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """A step's metrics over all ranks, as one process on the whole batch would log them:
     maxima by max, counts summed, token means weighted by each rank's ``perf/response_tokens``
-    (so ``metrics.jsonl`` does not change with the world size). A metric of mini-batches
-    (the updates' clip fractions, KL) is exact when a step has one mini-batch per epoch."""
+    (so ``metrics.jsonl`` does not change with the world size). The updates' metrics arrive
+    global already (:func:`klppo_train.ppo.trainee.mean_over_steps`)."""
     if world_size() == 1:
         return dict(metrics)
     gathered: list[Any] = [None] * world_size()

@@ -103,7 +103,8 @@ class StepBuilder:
         """The actor or the critic (``name``: its config section) with its optimizer and
         update pass."""
         cfg, section = self.cfg, getattr(self.cfg, name)
-        rows = section.ppo_mini_batch_size * cfg.rollout.sampling.n // world_size()
+        prompts = section.ppo_mini_batch_size  # over all ranks (global mini-batches)
+        mine = min(prompts, cfg.data.train_batch_size // world_size())
         return Trainee(
             name=name,
             model=model,
@@ -111,7 +112,8 @@ class StepBuilder:
             loss=loss,
             update=Pass(name=f"update_{name}", micro_batch_size=static_micro_batch_size(cfg, name)),
             epochs=section.ppo_epochs,
-            rows_per_mini_batch=rows,
+            rows_per_mini_batch=mine * cfg.rollout.sampling.n,
+            prompts_per_mini_batch=prompts,
             grad_clip=section.grad_clip,
             offload_optimizer=section.fsdp.optimizer_offload,
             share_prompts=cfg.model.share_prompts,

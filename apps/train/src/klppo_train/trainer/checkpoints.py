@@ -30,7 +30,7 @@ from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.config.errors import UserError
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.components import Components
-from klppo_train.runtime.process_group import barrier, from_main, is_main
+from klppo_train.runtime.process_group import barrier, from_main, is_main, world_size
 
 log = logging.getLogger("klppo_train")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -67,17 +67,29 @@ class RNGStates:
 
 
 class BudgetsInForce:
-    """The components' token budgets (None before they are chosen: nothing to save)."""
+    """The components' token budgets (None before they are chosen: nothing to save), with
+    the world size they are for: per-rank budgets saved at another world size are not
+    taken (the run chooses them again from the config, probing ``auto`` ones)."""
 
     def __init__(self, c: Any) -> None:  # anything holding ``budgets``
         self.c = c
 
     def state_dict(self) -> dict[str, Any]:
-        return self.c.budgets.state_dict() if self.c.budgets is not None else {}
+        if self.c.budgets is None:
+            return {}
+        return {**self.c.budgets.state_dict(), "world_size": world_size()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            self.c.budgets = RunBudgets.from_state(state)
+        saved_at = state.get("world_size", world_size())
+        if state and saved_at != world_size():
+            log.info(
+                "token budgets: the checkpoint's are for %d ranks, this run has %d: chosen "
+                "again from the config", saved_at, world_size(),
+            )  # fmt: skip
+        elif state:
+            self.c.budgets = RunBudgets.from_state(
+                {k: v for k, v in state.items() if k != "world_size"}
+            )
 
 
 def stateful(c: Components, schedulers: list, loader: PromptLoader) -> dict[str, Stateful]:

@@ -62,7 +62,7 @@ class Evaluation:
 
 def evaluate(cfg: AppConfig, checked: Checked) -> dict:
     """Validate the policy once; the summary (rank 0 prints it)."""
-    init_distributed()
+    init_distributed(cfg.trainer.collective_timeout_s)
     e = None
     try:
         start = time.perf_counter()

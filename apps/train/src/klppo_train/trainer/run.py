@@ -7,7 +7,7 @@ Numbered, as every rank runs it (``torchrun`` or one process):
      token budgets (``auto`` ones probed, :mod:`klppo_train.budgets.probe`) and validate the
      starting policy;
   4. per step: ``ppo_step`` → LR schedulers → validation every ``test_freq`` → metrics →
-     checkpoint every ``save_freq``;
+     checkpoint every ``save_freq`` (and on preemption: :mod:`klppo_train.trainer.preemption`);
   5. final checkpoint and HF export of the actor, plot and summary (rank 0).
 """
 
@@ -35,6 +35,7 @@ from klppo_train.runtime.process_group import (
     global_metrics,
     init_distributed,
     is_main,
+    timed_out,
 )
 from klppo_train.tracking.metrics_log import MetricsLog, Tracking
 from klppo_train.trainer.assemble import StepBuilder
@@ -44,6 +45,7 @@ from klppo_train.trainer.checkpoints import (
     resolve_resume,
     save_trainer_checkpoint,
 )
+from klppo_train.trainer.preemption import Preempted, Preemption
 from klppo_train.trainer.report import (
     PLOTTED,
     plot_metrics,
@@ -80,22 +82,30 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
     what :func:`klppo_train.config.preflight.preflight` returned (run here when not given).
     Engine and process group are closed however the run ends."""
     checked = checked or preflight(cfg, launch_world_size())
-    init_distributed()
+    init_distributed(cfg.trainer.collective_timeout_s)
     c = None
-    try:
-        start = time.perf_counter()
-        run_dir, model_dir = prepare_run_dir(cfg)
-        torch.manual_seed(cfg.trainer.seed)
-        c = build_components(
-            cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
-        )
-        metrics_log = _steps(c, cfg, checked, run_dir)
-        return finish(run_dir, metrics_log, start)
-    finally:
-        if c is not None:
-            c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    # The signal handlers from the start (a signal while the models load stops the run
+    # before step 1), restored however the run ends.
+    with Preemption() as preemption:
+        try:
+            start = time.perf_counter()
+            run_dir, model_dir = prepare_run_dir(cfg)
+            torch.manual_seed(cfg.trainer.seed)
+            c = build_components(
+                cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
+            )
+            metrics_log = _steps(c, cfg, checked, run_dir, preemption)
+            return finish(run_dir, metrics_log, start)
+        except RuntimeError as err:  # a lost rank: say which, not gloo's/NCCL's internals
+            lost = timed_out(err, cfg.trainer.collective_timeout_s)
+            if lost is None:
+                raise
+            raise lost from None
+        finally:
+            if c is not None:
+                c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _token_budgets(c: Components, builder: StepBuilder, run_dir: Path) -> None:
@@ -127,8 +137,11 @@ def _calibrate(c: Components, items, run_dir: Path) -> None:
         os.replace(tmp, run_dir / NORMALIZATION_FILE)
 
 
-def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> MetricsLog:
-    """Resume or validate the start, then the PPO steps; their record."""
+def _steps(
+    c: Components, cfg: AppConfig, checked: Checked, run_dir: Path, preemption: Preemption
+) -> MetricsLog:
+    """Resume or validate the start, then the PPO steps (until ``preemption`` agrees to
+    stop: :class:`Preempted` after a checkpoint); their record."""
     train_set, val_set = checked.train, checked.val
     loader = PromptLoader(train_set, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     steps = total_steps(cfg.trainer, len(loader))
@@ -152,7 +165,10 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> Me
     if not first and cfg.trainer.val_before_train:
         metrics_log.log(0, validation(0))
     last = min(steps, cfg.trainer.stop_at_step or steps)
+    keep = cfg.trainer.max_ckpt_to_keep
     try:  # however the steps end: the bar closed before an error prints, trackers finished
+        if preemption.agreed():  # a signal during the start: nothing new to save
+            raise Preempted(first, preemption.signal_name)
         for step in range(first + 1, last + 1):
             metrics = ppo_step(c, loader.next_batch(), step)
             for scheduler in schedulers:
@@ -160,9 +176,11 @@ def _steps(c: Components, cfg: AppConfig, checked: Checked, run_dir: Path) -> Me
             if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
                 metrics.update(validation(step))
             metrics_log.log(step, global_metrics(metrics))
-            if _due(step, cfg.trainer.save_freq, last):
-                keep = cfg.trainer.max_ckpt_to_keep
+            stop = preemption.agreed()
+            if stop or _due(step, cfg.trainer.save_freq, last):
                 save_trainer_checkpoint(run_dir, c, schedulers, loader, step, keep)
+            if stop:
+                raise Preempted(step, preemption.signal_name)
     finally:
         metrics_log.close()
     if last == steps:
