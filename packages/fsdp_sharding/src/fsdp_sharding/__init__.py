@@ -7,6 +7,9 @@
 - :func:`clip_grad_norm`, :func:`iter_full_state_dict` (streamed full weights, HF names)
 - :func:`save_checkpoint`, :func:`load_checkpoint` (DCP, atomic), :func:`export_hf`
 - :func:`write_manifest`, :func:`verify_manifest`: a checkpoint's files, sizes and CRC-32
+- Ulysses sequence parallelism's pieces (:mod:`fsdp_sharding.ulysses`): :func:`ulysses_mesh`,
+  :func:`pad_to_multiple`, :func:`sequence_slice`, :func:`seq_to_heads`,
+  :func:`heads_to_seq`, :func:`repeat_kv_heads`, :func:`gather_sequence`
 """
 
 from importlib import import_module
@@ -41,6 +44,13 @@ _EXPORTS = {
     "offload_optimizer": "memory",
     "save_checkpoint": "checkpoint",
     "shard_model": "shard",
+    "ulysses_mesh": "ulysses",
+    "pad_to_multiple": "ulysses",
+    "sequence_slice": "ulysses",
+    "seq_to_heads": "ulysses",
+    "heads_to_seq": "ulysses",
+    "repeat_kv_heads": "ulysses",
+    "gather_sequence": "ulysses",
 }
 
 
