@@ -372,10 +372,12 @@ class TrainerConfig:
     log_val_generations: int = 0
     """Validation answers recorded per validation step (prompt, response, ground truth,
     scores): val_generations.jsonl in the run dir and every tracker; 0 = none."""
-    collective_timeout_s: float = 600.0
+    collective_timeout_s: float = 1800.0
     """How long a collective waits for a rank that does not arrive (a hung or lost rank)
-    before the others stop with an error (verl's actor_rollout_ref.nccl_timeout). Under
-    torchrun a rank that exits is noticed by torchrun at once; this bounds a hung one."""
+    before the others stop with an error naming it (verl's actor_rollout_ref.nccl_timeout,
+    600 there; 30 min here as before, since the ranks also wait for rank 0's one-off work:
+    preparing the model directory, exporting). Under torchrun a rank that exits is noticed
+    by torchrun at once; this bounds a hung one."""
     n_gpus_per_node: int = 0
     """verl's launch shape, checked against torchrun's WORLD_SIZE (0 = not checked)."""
     nnodes: int = 0

@@ -23,7 +23,7 @@ T = TypeVar("T")
 _HOST_GROUP: Any = None  # gloo beside NCCL: host-side agreements without a device sync
 
 
-def init_distributed(timeout_s: float = 600.0) -> tuple[int, int]:
+def init_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
     """``(rank, world_size)``, creating the default process group if there is none;
     ``timeout_s``: how long a collective waits for a rank that does not arrive
     (``trainer.collective_timeout_s``)."""
