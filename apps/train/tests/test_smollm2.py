@@ -34,6 +34,21 @@ def answers_a_sum(out: Path) -> None:
     assert "5" in text, text
 
 
+def test_a_second_conversion_is_a_copy_of_the_first(tmp_path: Path) -> None:
+    """The machine converts once (the session's KLPPO_CACHE_DIR, conftest.py); every later
+    model directory is a copy of that conversion."""
+    from klppo_train.demo.smollm2 import cache_dir, convert_smollm2
+
+    first, second = convert_smollm2(tmp_path / "a"), convert_smollm2(tmp_path / "b")
+    (cached,) = cache_dir().glob("smollm2-*")
+    stamp = (cached / "model.safetensors").stat().st_mtime_ns
+    assert convert_smollm2(tmp_path / "c") == tmp_path / "c"
+    assert (cached / "model.safetensors").stat().st_mtime_ns == stamp  # not converted again
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes() != b""
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2_arith.yaml"
 
 

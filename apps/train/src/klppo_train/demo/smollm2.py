@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -21,6 +23,15 @@ from klppo_train.runtime.hf_dirs import save_atomically
 
 log = logging.getLogger("klppo_train")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "KLPPO_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where a converted model is kept for every run on this machine: ``$KLPPO_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/klppo``, else ``~/.cache/klppo``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "klppo"
 
 
 def gguf_path() -> Path:
@@ -43,11 +54,26 @@ def gguf_path() -> Path:
 
 
 def convert_smollm2(out: str | Path) -> Path:
-    """Write SmolLM2-135M-Instruct (float32 safetensors + tokenizer) to ``out``, atomically.
-
-    ~1 minute on 2 cores, 517 MB on disk. Returns ``out``.
-    """
+    """Write SmolLM2-135M-Instruct (float32 safetensors + tokenizer) to ``out``, atomically:
+    a copy of this machine's one conversion (:func:`cache_dir`, keyed by the GGUF's size),
+    made on first use (~1 minute on 2 cores, 517 MB). Returns ``out``."""
     source = gguf_path()
+    cached = cache_dir() / f"smollm2-{source.stat().st_size}"
+    if not (cached / "config.json").is_file():
+        _convert(source, cached)
+    out = Path(out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(cached, tmp)  # a copy, not links: a run may write into its model dir
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def _convert(source: Path, out: Path) -> Path:
+    """The GGUF dequantized to a float32 HF directory at ``out`` (atomically)."""
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     model = AutoModelForCausalLM.from_pretrained(
         source.parent, gguf_file=source.name, dtype=torch.float32
@@ -55,7 +81,6 @@ def convert_smollm2(out: str | Path) -> Path:
     # The weights are dense fp32 now, but the model still says "GGUF-quantized" and
     # save_pretrained refuses it ("not serializable") until the marker is removed.
     model.hf_quantizer.remove_quantization_config(model)
-    out = Path(out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
-    log.info("SmolLM2: %s → %s", source.name, out)
+    log.info("SmolLM2: %s → %s (converted once per machine)", source.name, out)
     return save_atomically(model, tokenizer, out)
