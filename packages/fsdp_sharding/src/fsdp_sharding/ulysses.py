@@ -78,26 +78,17 @@ def _heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     return received.transpose(0, 1).reshape(s // n, n * h, d)
 
 
-class _SeqToHeads(Function):
+class _Exchange(Function):
+    """One of the two all-to-alls; its backward is the other one."""
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        return _seq_to_heads(x, group)
+    def forward(ctx, x: torch.Tensor, group, to_heads: bool) -> torch.Tensor:
+        ctx.group, ctx.to_heads = group, to_heads
+        return (_seq_to_heads if to_heads else _heads_to_seq)(x, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _heads_to_seq(grad, ctx.group), None
-
-
-class _HeadsToSeq(Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        return _heads_to_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _seq_to_heads(grad, ctx.group), None
+        return (_heads_to_seq if ctx.to_heads else _seq_to_heads)(grad, ctx.group), None, None
 
 
 def seq_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -108,12 +99,12 @@ def seq_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
     n = dist.get_world_size(group)
     if x.shape[1] % n:
         raise ValueError(f"{x.shape[1]} heads do not split over {n} sequence-parallel ranks")
-    return _SeqToHeads.apply(x, group)
+    return _Exchange.apply(x, group, True)
 
 
 def heads_to_seq(x: torch.Tensor, group=None) -> torch.Tensor:
     """The inverse of :func:`seq_to_heads`: ``[S, H/sp, D]`` → ``[S/sp, H, D]``."""
-    return _HeadsToSeq.apply(x, group)
+    return _Exchange.apply(x, group, False)
 
 
 def repeat_kv_heads(x: torch.Tensor, sp: int) -> torch.Tensor:
