@@ -33,7 +33,11 @@ def init_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            timeout = timedelta(seconds=timeout_s)
+            store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+            dist.init_process_group(
+                backend, store=_attempt_store(store), rank=rank, world_size=world, timeout=timeout
+            )
             if backend == "nccl" and dist.get_world_size() > 1:
                 _HOST_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         elif torch.cuda.is_available():
@@ -44,6 +48,17 @@ def init_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _attempt_store(store: dist.Store) -> dist.Store:
+    """``store`` scoped to this torchrun attempt. torchrun's agent hosts one store for all of
+    its ``--max-restarts`` attempts (torch 2.13; pytorch#135712): without a scope the
+    restarted ranks can read the dead attempt's addresses and fail to connect. Under
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` rank 0 hosts a fresh store per attempt, so no
+    scope (the restart count is per node, not agreed between nodes)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return store
+    return dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def failed_ranks(failed: bool) -> list[int]:
