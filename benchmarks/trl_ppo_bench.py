@@ -7,11 +7,12 @@ Same model, prompts and ``PROMPTSxSAMPLESxTOKENS`` settings as ``ppo_step_bench.
 ``runs/bench/smollm2`` and ``runs/bench/data``; made by its ``prepare()`` if missing), same
 recipe numbers, read from ``smollm2_arith.yaml`` (actor and critic lr, weight decay, kl_coef in
 the reward, gamma, lam, temperature, value clip; 1 PPO epoch, one mini-batch per step). TRL
-lives in its own venv (``runs/bench/trl-venv``, made with ``python -m venv`` + pip; the
-workspace's uv.lock is untouched); each row is one worker process in it (this file with
-``--worker``), its peak RSS from ``wait4``. Variants: ``fp32``; ``bf16`` (``bf16=True``:
-autocast on the policy+value training forward only); ``bf16w`` (also every model loaded in
-bfloat16); ``+ckpt`` after any (gradient checkpointing, policy and critic).
+lives in its own venv (``runs/bench/trl-venv``, made with the project's uv, torch from the
+workspace's local CPU wheel; the workspace's uv.lock is untouched); each row is one worker
+process in it (this file with ``--worker``), its peak RSS from ``wait4``. Variants:
+``fp32``; ``bf16`` (``bf16=True``: autocast on the policy+value training forward only);
+``bf16w`` (also every model loaded in bfloat16); ``+ckpt`` after any (gradient
+checkpointing, policy and critic).
 ``--with-klppo`` runs a ppo_step_bench row of each setting too (``--klppo-row``, default
 ``bf16``), and the ratio; then it also measures the matmul peaks and records the klppo row's
 step floor and work floor (``ppo_step_bench.floors``) and TRL's step ÷ that step floor (TRL
@@ -72,19 +73,31 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from _results import RESULTS_DIR, child_env, steady_index, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench"
-PINS = ["trl==1.12.0", "torch==2.13.0", "transformers==5.19.0", "accelerate==1.15.0"]
+PINS = ["trl==1.12.0", "torch==2.13.0+cpu", "transformers==5.19.0", "accelerate==1.15.0"]
+TORCH_INDEX = "machine-local-cpu-torch"
 WANT = ["2.13.0+cpu", "1.12.0"]  # torch, trl
 PROBE = "import torch, trl, transformers; print(torch.__version__, trl.__version__)"
 
 
+def torch_wheels() -> str:
+    """Where this machine's CPU torch wheel lives: the workspace's own torch index
+    (pyproject.toml's ``machine-local-cpu-torch``), so the TRL venv gets the same build."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    index = next(i for i in pyproject["tool"]["uv"]["index"] if i["name"] == TORCH_INDEX)
+    return index["url"]
+
+
 def ensure_venv(venv: Path) -> Path:
-    """The TRL venv's python; created and filled with pip (torch first, alone) if needed."""
+    """The TRL venv's python; created and filled with the project's uv (``./uvw``: ~2 s with
+    a warm uv cache, pip took ~65 s) if needed. torch is pinned to the local ``+cpu`` build,
+    so nothing resolves to PyPI's CUDA wheel."""
     py = venv / "bin" / "python"
 
     def probe() -> list[str]:
@@ -92,11 +105,11 @@ def ensure_venv(venv: Path) -> Path:
 
     if py.exists() and probe() == WANT:
         return py
+    uv = [str(ROOT / "uvw")]
     if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(py), "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, "torch==2.13.0"], check=True)  # the local +cpu wheel, never CUDA's
-    subprocess.run([*pip, *PINS], check=True)  # torch pinned again: pip keeps the +cpu one
+        subprocess.run([*uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+    install = [*uv, "pip", "install", "--quiet", "--python", str(py)]
+    subprocess.run([*install, "--find-links", torch_wheels(), *PINS], check=True)
     if (got := probe()) != WANT:
         sys.exit(f"{venv}: torch/trl are {got}, want {WANT}")
     return py

@@ -128,18 +128,26 @@ def test_no_reference_model_without_a_kl_path(model_dir) -> None:
     assert build(model_dir, "algorithm.use_kl_in_reward=false", "actor.use_kl_loss=true").ref.model
 
 
-def test_auto_attention_on_a_flash_attn_gpu_follows_share_prompts(monkeypatch) -> None:
-    # flash-attn's varlen kernel cannot attend over a shared prompt prefix: with
-    # model.share_prompts, auto takes klppo_varlen (sdpa per length group) on a GPU too.
+def test_auto_attention_on_a_flash_attn_gpu_follows_share_prompts_and_ulysses(
+    monkeypatch,
+) -> None:
+    # flash-attn's varlen kernel cannot attend over a shared prompt prefix, nor exchange the
+    # heads of a row split by Ulysses: with either, auto takes klppo_varlen on a GPU too.
     import importlib.util
 
-    from klppo_train.runtime.packed_attention import packed_attention_implementation
+    from klppo_train.trainer.build import attention_implementation
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     cuda = torch.device("cuda")
-    assert packed_attention_implementation("auto", cuda, share_prompts=False) == "flash_attention_2"
-    assert packed_attention_implementation("auto", cuda, share_prompts=True) == "klppo_varlen"
-    assert packed_attention_implementation("sdpa", cuda, share_prompts=False) == "sdpa"
+    unshared = ["model.share_prompts=false"]
+    cases = {
+        (*unshared,): "flash_attention_2",
+        (): "klppo_varlen",
+        (*unshared, "actor.ulysses_sequence_parallel_size=2"): "klppo_varlen",
+        (*unshared, "model.attn_implementation=sdpa"): "sdpa",
+    }
+    for overrides, expected in cases.items():
+        assert attention_implementation(load_config(None, list(overrides)), cuda) == expected
 
 
 def test_auto_dtype_follows_the_matmul_probe() -> None:

@@ -308,7 +308,7 @@ def test_every_bad_key_of_a_command_is_reported_at_once() -> None:
     bad = [
         "actor.lrr=1",
         "critic.foo=2",
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
         "actor_rollout_ref.model.use_remove_padding=false",
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
         "trainer.experiment_nam=x",
@@ -319,12 +319,12 @@ def test_every_bad_key_of_a_command_is_reported_at_once() -> None:
     assert "\n" not in message
     assert "unknown config key 'actor.lrr'; did you mean 'actor.lr'?" in message
     assert "unknown config key 'critic.foo'" in message
-    assert "no sequence parallelism (Ulysses): only 1" in message
+    assert "without tensor parallelism: only 1" in message
     assert "always packs sequences (remove padding): only true" in message
     assert "not Megatron" in message
     assert "did you mean 'trainer.experiment_name'?" in message
     # the accepted values of refused keys pass (verl's defaults)
-    ok = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1", "trainer.logger=console"]
+    ok = ["actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.logger=console"]
     assert load_config(None, ok).actor.lr == AppConfig().actor.lr
 
 

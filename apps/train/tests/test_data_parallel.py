@@ -117,10 +117,12 @@ def _same_weights(*runs: Path) -> None:
             assert (tensor - other[name]).abs().max() <= 1e-5, name
 
 
-@pytest.mark.slow  # three PPO steps at world size 1 and 2, then step 3 of the 2's at 1
+@pytest.mark.slow  # three PPO steps at world size 1, 2 and 2 with Ulysses; step 3 of the 2's at 1
 def test_a_run_is_the_same_at_world_size_1_and_2(tmp_path: Path) -> None:
-    """Two mini-batches and two epochs per step; then the world-size-2 run's step-2
-    checkpoint resumed at world size 1 gives the same step 3 and final weights."""
+    """Two mini-batches and two epochs per step, at world size 2 data-parallel and with
+    Ulysses sequence parallelism (one data replica, each row split over both ranks); then
+    the world-size-2 run's step-2 checkpoint resumed at world size 1 gives the same step 3
+    and final weights."""
     one, two = tmp_path / "one", tmp_path / "two"
     alone = _train(one, one / "data", [sys.executable])
     # The same warmed-up model and data files (the warm-up's threads differ under torchrun).
@@ -138,6 +140,14 @@ def test_a_run_is_the_same_at_world_size_1_and_2(tmp_path: Path) -> None:
     shards = sorted(p.name for p in (two / "checkpoints/global_step_3/actor").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]
     assert (two / "stdout.txt").read_text().count("klppo run finished") == 1  # rank 0 reports
+    # Ulysses (issue 30): both ranks split each packed row of the same samples
+    sp = tmp_path / "sp"
+    shutil.copytree(one / "model", sp / "model")
+    ulysses = ("actor.ulysses_sequence_parallel_size=2", "model.share_prompts=false")
+    split_rows = _train(sp, one / "data", torchrun, *ulysses)
+    for a, b in zip(alone[1:], split_rows[1:], strict=True):
+        _same(a, b)
+    _same_weights(one, sp)
     # 2 → 1 here; 1 → 2 (and both against the uninterrupted runs' every metric) in
     # scripts/fault_runs.py, which the suite's time budget leaves out.
     run = tmp_path / "two_resumed_at_one"

@@ -20,6 +20,9 @@ from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
 RUNNER = Path(__file__).with_name("field_usage_runner.py")
 # Keys whose whole effect is a check against the launch (torchrun's world size).
 CHECK_ONLY = {"TrainerConfig.n_gpus_per_node", "TrainerConfig.nnodes"}
+# One Ulysses size for the run (the actor's): the reference's and critic's are checked
+# against it (test_sequence_parallel proves the refusal).
+CHECK_ONLY |= {f"{c}.ulysses_sequence_parallel_size" for c in ("RefConfig", "CriticConfig")}
 # Read by the vLLM engine on CUDA only (on CPU there is no GPU memory share and no sleep
 # mode; the CPU engine says so once); scripts/gpu_check.sh runs the CUDA engine.
 CUDA_ONLY = {"VLLMConfig.gpu_memory_utilization", "VLLMConfig.sleep_level"}

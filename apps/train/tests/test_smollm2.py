@@ -50,19 +50,21 @@ def test_a_second_conversion_is_a_copy_of_the_first(tmp_path: Path) -> None:
 
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2_arith.yaml"
+HALF_BATCH = ("data.train_batch_size", "actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size")
 
 
 def test_recipe_prepares_itself_and_gets_a_reward(tmp_path: Path) -> None:
-    """Two steps of the real recipe on a fresh run directory given by trainer.run_dir alone:
-    it converts its model and writes its data there (held-out validation), and the rule
-    gives the model some reward."""
+    """A step of the real recipe (at half its batch: the suite's time) on a fresh run
+    directory given by trainer.run_dir alone: it converts its model and writes its data
+    there (held-out validation), and the rule gives the model some reward."""
     run = tmp_path / "run"
     args = [
         str(RECIPE),
         f"trainer.run_dir={run}",
-        "trainer.total_training_steps=2",
+        "trainer.total_training_steps=1",
         "trainer.test_freq=0",
         "trainer.save_freq=0",
+        *(f"{key}=8" for key in HALF_BATCH),
     ]
     env = {**os.environ, "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", "/tmp/klppo_vllm")}
     done = subprocess.run(

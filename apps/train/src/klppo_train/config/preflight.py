@@ -18,7 +18,7 @@ from typing import Any
 from klppo_train.budgets.faults import FAULTS
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.schema import AppConfig
-from klppo_train.config.validate import validate_config
+from klppo_train.config.validate import sequence_parallel_size, validate_config
 from klppo_train.data import sources
 from klppo_train.data.datasets import PromptDataset, read_rows
 from klppo_train.data.rewards import RewardManager
@@ -231,6 +231,29 @@ def _critic_tokenizer(cfg: AppConfig):
         return load_tokenizer(path)
 
 
+def _check_heads(cfg: AppConfig) -> None:
+    """Ulysses splits the attention heads over the sp ranks: the query heads must divide by
+    sp, the key/value heads too or sp by them (then repeated). Read from each model's
+    config.json (the embedded model, not built yet, has 4 and 2)."""
+    sp = sequence_parallel_size(cfg)
+    policy = Path(cfg.model.path or Path(cfg.trainer.run_dir) / "model").expanduser()
+    dirs = {"model.path": policy}
+    if cfg.critic.enable and cfg.critic.model_path:
+        dirs["critic.model_path"] = Path(cfg.critic.model_path).expanduser()
+    for key, path in dirs.items():
+        if sp == 1 or not (path / "config.json").is_file():
+            continue
+        config = json.loads((path / "config.json").read_text())
+        heads = config.get("num_attention_heads", 0)
+        kv = config.get("num_key_value_heads") or heads
+        if heads % sp or (kv % sp and sp % kv):
+            raise UserError(
+                f"actor.ulysses_sequence_parallel_size={sp}: {key}'s model has {heads} "
+                f"attention heads and {kv} key/value heads; sp must divide the heads, and "
+                "divide the key/value heads or be a multiple of them"
+            )
+
+
 def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
     """All checks, in order: config (unless the caller ran :func:`validate_config` and
     passes its ``advice``), model directory + tokenizer, data, rewards."""
@@ -238,4 +261,5 @@ def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = No
     advice, tokenizer, train, val = _checked_data(cfg, world_size, advice, data, "prompts")
     rewards = _rewards(cfg, {"train_files": train, "val_files": val})
     rm_tokenizer = _reward_model_checks(cfg, tokenizer)
+    _check_heads(cfg)
     return Checked(advice, tokenizer, train, val, rewards, rm_tokenizer)

@@ -107,6 +107,11 @@ class ActorConfig:
     """After the warm-up: constant | cosine (down to 0 at the last step)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split each packed row (Ulysses sequence parallelism; 1: none). They hold
+    the same samples, so data splits over world size / this many; the attention heads (and
+    key/value heads, or this by them) must divide by it. One size for the run: the
+    reference's and critic's follow it."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
     """How the actor is sharded (fsdp_sharding.ShardingConfig)."""
 
@@ -122,6 +127,9 @@ class RefConfig:
     """Sequences per micro-batch in static mode."""
     log_prob_max_token_len_per_gpu: int | str = 8192
     """Tokens per micro-batch of the reference's log-prob pass, or auto."""
+    ulysses_sequence_parallel_size: int | None = None
+    """None = actor.ulysses_sequence_parallel_size (verl's default); another value is
+    refused (one size for the run)."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
     """How the reference is sharded (fsdp_sharding.ShardingConfig)."""
 
@@ -158,6 +166,9 @@ class CriticConfig:
     """Linear warm-up steps of the learning rate."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
+    ulysses_sequence_parallel_size: int | None = None
+    """None = actor.ulysses_sequence_parallel_size; another value is refused (one size for
+    the run)."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
     """How the critic is sharded (fsdp_sharding.ShardingConfig)."""
 

@@ -266,6 +266,40 @@ def _check_fsdp_sizes(cfg: AppConfig, world_size: int) -> None:
 
 
 SHARDED = ("actor", "ref", "critic", "reward_model", "reward_training")
+SP = "ulysses_sequence_parallel_size"
+
+
+def sequence_parallel_size(cfg: AppConfig) -> int:
+    """The run's Ulysses size (``actor.ulysses_sequence_parallel_size``; 1 for the reward
+    model task, which has none)."""
+    return cfg.actor.ulysses_sequence_parallel_size if cfg.trainer.task == "ppo" else 1
+
+
+def _check_sequence_parallel(cfg: AppConfig, world_size: int) -> None:
+    """One size for the run, dividing the world; what a split row needs: the packed
+    attention, no shared prompts (heads: :mod:`klppo_train.config.preflight`)."""
+    sp = cfg.actor.ulysses_sequence_parallel_size
+    if sp < 1 or world_size % sp:
+        raise ValueError(f"actor.{SP}={sp} must be >= 1 and divide the world size {world_size}")
+    for role in ("ref", "critic"):
+        own = getattr(cfg, role).ulysses_sequence_parallel_size
+        if own is not None and own != sp:
+            raise ValueError(
+                f"{role}.{SP}={own} differs from actor.{SP}={sp}: klppo runs one size for "
+                "the run (leave it unset: it follows the actor's)"
+            )
+    if sp == 1 or cfg.trainer.task != "ppo":
+        return
+    if cfg.model.share_prompts:
+        raise ValueError(
+            f"model.share_prompts=true with actor.{SP}={sp}: a split row cannot share "
+            "prompt tokens; set model.share_prompts=false"
+        )
+    if cfg.model.attn_implementation not in ("auto", VARLEN):
+        raise ValueError(
+            f"actor.{SP}={sp} needs model.attn_implementation={VARLEN} (or auto), got "
+            f"{cfg.model.attn_implementation!r}: only it exchanges the heads of a split row"
+        )
 
 
 def _check_reward_model(cfg: AppConfig) -> None:
@@ -426,7 +460,9 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
         return []
     _check_reward_model(config)
     _check_algorithm(config)
-    _check_batch_sizes(config, world_size)
+    _check_sequence_parallel(config, world_size)
+    # The sp ranks of a group hold the same samples: the data splits over the rest.
+    _check_batch_sizes(config, world_size // config.actor.ulysses_sequence_parallel_size)
     return _check_token_budgets(config)
 
 

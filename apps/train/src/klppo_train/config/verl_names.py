@@ -3,7 +3,7 @@
 A verl user can keep their keys: ``actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384``
 is ``actor.ppo_max_token_len_per_gpu=16384``, ``actor_rollout_ref.actor.fsdp_config.*`` is
 ``actor.fsdp.*``, ``strategy=fsdp|fsdp2`` is ``fsdp.strategy=fsdp1|fsdp2``. Keys verl has
-and klppo deliberately does not (sequence/tensor parallelism, Megatron, Ray) are refused
+and klppo deliberately does not (tensor parallelism, Megatron, Ray) are refused
 with the reason, a value klppo cannot honour (``use_remove_padding=false``) too. klppo's
 own short names (``rollout.n`` for ``rollout.sampling.n``) and the package-config fields the
 app sets itself (refused as keys) live here too. The tables in ``docs/verl-names.md`` are
@@ -30,10 +30,16 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": (
         "actor.fsdp.min_num_params",
     ),
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": (
+        "actor.ulysses_sequence_parallel_size",
+    ),
     "actor_rollout_ref.actor.fsdp_config.*": ("actor.fsdp.*",),
     "actor_rollout_ref.actor.*": ("actor.*",),
     "actor_rollout_ref.ref.strategy": ("ref.fsdp.strategy",),
     "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params": ("ref.fsdp.min_num_params",),
+    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": (
+        "ref.ulysses_sequence_parallel_size",
+    ),
     "actor_rollout_ref.ref.fsdp_config.*": ("ref.fsdp.*",),
     "actor_rollout_ref.ref.*": ("ref.*",),
     "actor_rollout_ref.rollout.name": ("rollout.engine",),
@@ -43,6 +49,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "critic.optim.weight_decay": ("critic.weight_decay",),
     "critic.strategy": ("critic.fsdp.strategy",),
     "critic.model.fsdp_config.wrap_policy.min_num_params": ("critic.fsdp.min_num_params",),
+    "critic.model.fsdp_config.ulysses_sequence_parallel_size": (
+        "critic.ulysses_sequence_parallel_size",
+    ),
     "critic.model.fsdp_config.*": ("critic.fsdp.*",),
     "critic.model.enable_gradient_checkpointing": ("critic.fsdp.gradient_checkpointing",),
     "critic.model.path": ("critic.model_path",),
@@ -103,13 +112,6 @@ MEGATRON = "klppo shards with FSDP (torch.distributed), not Megatron"
 
 # verl key → why klppo refuses it (the value it accepts, if any, follows "only ").
 REFUSED: dict[str, str] = {
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
-        "klppo has no sequence parallelism (Ulysses): only 1"
-    ),
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (
-        "klppo has no sequence parallelism (Ulysses): only 1"
-    ),
-    "critic.ulysses_sequence_parallel_size": "klppo has no sequence parallelism (Ulysses): only 1",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": (
         "klppo's rollout runs one engine per rank, without tensor parallelism: only 1"
     ),
@@ -121,7 +123,8 @@ REFUSED: dict[str, str] = {
         "klppo always packs sequences (remove padding): only true"
     ),
     "reward_model.ulysses_sequence_parallel_size": (
-        "klppo has no sequence parallelism (Ulysses): only 1"
+        "klppo's reward model scores whole rows (Ulysses splits the actor's, reference's and "
+        "critic's: actor.ulysses_sequence_parallel_size): only 1"
     ),
     "reward_model.enable_resource_pool": (
         "klppo's reward model shares the ranks of the other roles: only false"
@@ -151,9 +154,6 @@ REFUSED: dict[str, str] = {
 
 # The one value of a refused key that klppo does honour (so verl's defaults pass).
 ACCEPTED_VALUES: dict[str, Callable[[Any], bool]] = {
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": lambda v: v == 1,
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": lambda v: v == 1,
-    "critic.ulysses_sequence_parallel_size": lambda v: v == 1,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": lambda v: v == 1,
     "actor_rollout_ref.model.use_remove_padding": lambda v: v is True,
     "critic.model.use_remove_padding": lambda v: v is True,

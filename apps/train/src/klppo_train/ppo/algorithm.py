@@ -10,11 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from klppo_train.config.choices import ADV_ESTIMATORS
 from klppo_train.config.schema import AlgorithmConfig
-from klppo_train.runtime.process_group import sum_over_ranks
+from klppo_train.runtime.process_group import dp_size, sum_over_ranks
 from ppo_core import (
     AdaptiveKLController,
     FixedKLController,
@@ -61,12 +60,9 @@ class KLInReward:
             self.controller.value,
             self.penalty,
         )
-        kl, world = metrics["kl"].detach().clone().float(), 1
-        if dist.is_initialized():
-            world = dist.get_world_size()
-            dist.all_reduce(kl)
-            kl /= world
-        self.controller.update(kl, n_steps=token_scores.shape[0] * world)
+        ranks = dp_size()  # each holds its share of the batch (the sp ranks of a group: one)
+        kl = sum_over_ranks(metrics["kl"].detach().float()) / ranks
+        self.controller.update(kl, n_steps=token_scores.shape[0] * ranks)
         return rewards, {
             "actor/reward_kl_penalty": float(kl),
             "actor/reward_kl_penalty_coeff": float(metrics["kl_coef"]),

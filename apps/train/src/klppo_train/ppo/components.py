@@ -20,6 +20,7 @@ from klppo_train.ppo.passes import ForwardPass
 from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.runtime.engine import RolloutStats, Sampling
+from klppo_train.runtime.sequence_parallel import SequenceParallel
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightSync
 
@@ -27,12 +28,14 @@ from rollout import RolloutEngine, WeightSync
 @dataclass(frozen=True)
 class StepPlan:
     """What a step does besides its passes: how it samples (``rollout.sampling`` and the
-    seeds), the responses' fixed width ``response_length`` (T), and whether the ranks
-    re-split their rollouts by tokens (``trainer.balance_batch``)."""
+    seeds), the responses' fixed width ``response_length`` (T), whether the ranks
+    re-split their rollouts by tokens (``trainer.balance_batch``), and the sequence-parallel
+    group whose ranks train on the same rollouts (``sp``)."""
 
     sampling: Sampling
     response_length: int
     balance_batch: bool = True
+    sp: SequenceParallel = SequenceParallel()
 
 
 @dataclass

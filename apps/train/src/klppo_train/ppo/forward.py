@@ -19,7 +19,10 @@ from batching import PackedFn, Packing, next_token_labels, per_response_token, r
 from klppo_train.budgets.faults import FAULTS
 from klppo_train.runtime.packed_attention import VARLEN
 from klppo_train.runtime.process_group import failed_ranks
+from klppo_train.runtime.sequence_parallel import SequenceParallel, SequenceShard
 from ppo_core import logprobs_and_entropy
+
+NO_SP = SequenceParallel()
 
 
 def _checked_sharing(model: nn.Module, share_prompts: bool) -> bool:
@@ -55,36 +58,52 @@ def agreeing(compute: PackedFn) -> PackedFn:
     return run
 
 
-def _logprobs_fn(temperature: float, with_entropy: bool) -> PackedFn:
+def _logprobs_fn(temperature: float, with_entropy: bool, sp: SequenceParallel) -> PackedFn:
     @agreeing
     def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        shard = SequenceShard(packing, sp)
+        mine, local = shard.split(keep)
         # squeeze, not [0]: select's backward zero-fills a [1, K, V] gradient and copies
         # into it (SmolLM2, 2800 kept tokens: 276 MB, ~0.5 s per actor update on CPU).
-        logits = model(**packing.model_kwargs(), logits_to_keep=keep).logits.squeeze(0)
+        logits = model(**shard.model_kwargs(), logits_to_keep=local).logits.squeeze(0)
         FAULTS.micro_batch()  # the OOM test hook (klppo_train.budgets.faults): nothing when unset
         labels, _ = next_token_labels(packing)
-        logprobs, entropy = logprobs_and_entropy(logits, labels[0, keep], temperature, with_entropy)
-        return (logprobs,) if entropy is None else (logprobs, entropy)
+        logprobs, entropy = logprobs_and_entropy(logits, labels[0, mine], temperature, with_entropy)
+        outputs = (logprobs,) if entropy is None else (logprobs, entropy)
+        return tuple(shard.gather(t, keep) for t in outputs)
 
     return compute
 
 
-@agreeing
-def _values(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
-    values = model(**packing.model_kwargs()).logits[0, keep, 0].float()  # [K] of [1, nnz, 1]
-    FAULTS.micro_batch()
-    return (values,)
+def _values_fn(sp: SequenceParallel) -> PackedFn:
+    @agreeing
+    def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
+        shard = SequenceShard(packing, sp)
+        _, local = shard.split(keep)
+        values = model(**shard.model_kwargs()).logits[0, local, 0].float()  # of [1, nnz, 1]
+        FAULTS.micro_batch()
+        return (shard.gather(values, keep),)
+
+    return compute
 
 
-@agreeing
-def _token_scores(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
-    # keep predicts each response token; keep + 1 is that token itself (sequences are packed
-    # contiguously here: no prompt sharing), where a reward model's head reads. A response
-    # shorter than T also keeps its last token, whose "next" is padding (masked out): the
-    # clamp only keeps the packed row's very last one in bounds.
-    logits = model(**packing.model_kwargs()).logits
-    FAULTS.micro_batch()
-    return (logits[0, (keep + 1).clamp(max=logits.shape[1] - 1), 0].float(),)
+def _token_scores_fn(sp: SequenceParallel) -> PackedFn:
+    @agreeing
+    def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
+        # keep predicts each response token; keep + 1 is that token itself (sequences are
+        # packed contiguously here: no prompt sharing), where a reward model's head reads. A
+        # response shorter than T also keeps its last token, whose "next" is padding (masked
+        # out): the clamp only keeps the packed row's very last one in bounds, and unique
+        # drops the duplicate it makes (a split row's gather scatters each position once).
+        shard = SequenceShard(packing, sp)
+        at = (keep + 1).clamp(max=packing.input_ids.shape[1] - 1)
+        at, inverse = torch.unique(at, return_inverse=True)
+        _, local = shard.split(at)
+        scores = model(**shard.model_kwargs()).logits[0, local, 0].float()
+        FAULTS.micro_batch()
+        return (shard.gather(scores, at)[inverse],)
+
+    return compute
 
 
 def last_token_values(per_token: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -103,6 +122,7 @@ def response_scores(
     *,
     max_tokens: int | None,
     micro_batch_size: int | None = None,
+    sp: SequenceParallel = NO_SP,
 ) -> torch.Tensor:
     """A reward model's score of each response ``[B]``: its scalar head (a token-classification
     model with one label) at the response's last valid token -- the EOS of a finished
@@ -114,7 +134,7 @@ def response_scores(
         input_ids,
         attention_mask,
         response_length,
-        _token_scores,
+        _token_scores_fn(sp),
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
         share_prompts=False,
@@ -158,6 +178,7 @@ def response_values(
     max_tokens: int | None,
     micro_batch_size: int | None = None,
     share_prompts: bool = False,
+    sp: SequenceParallel = NO_SP,
 ) -> torch.Tensor:
     """Critic values ``[B, T]`` (a token-classification model with one label), V of the state
     before each response token; same micro-batching and packing as :func:`response_logprobs`."""
@@ -166,7 +187,7 @@ def response_values(
         input_ids,
         attention_mask,
         response_length,
-        _values,
+        _values_fn(sp),
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
         share_prompts=share_prompts,
@@ -185,6 +206,7 @@ def response_logprobs(
     with_entropy: bool = False,
     micro_batch_size: int | None = None,
     share_prompts: bool = False,
+    sp: SequenceParallel = NO_SP,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(response token | everything before it), and optionally the entropy there.
 
@@ -202,6 +224,9 @@ def response_logprobs(
         share_prompts: the samples of a prompt run its tokens once per micro-batch
             (``batching.pack_shared_prompts``; ``model.share_prompts``); needs the
             ``klppo_varlen`` attention. ``max_tokens`` then counts the tokens that run.
+        sp: the sequence-parallel group (:mod:`klppo_train.runtime.sequence_parallel`):
+            its ranks hold the same batch and each runs the model on a slice of each
+            packed row (``klppo_varlen`` attention; no ``share_prompts``).
 
     Returns:
         ``(logprobs [B, T], entropy [B, T] or None)``; values at response padding are not
@@ -212,7 +237,7 @@ def response_logprobs(
         input_ids,
         attention_mask,
         response_length,
-        _logprobs_fn(temperature, with_entropy),
+        _logprobs_fn(temperature, with_entropy, sp),
         max_tokens=max_tokens,
         micro_batch_size=micro_batch_size,
         share_prompts=share_prompts,

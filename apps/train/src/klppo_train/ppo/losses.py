@@ -16,9 +16,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from klppo_train.ppo.forward import response_logprobs, response_values
+from klppo_train.ppo.forward import NO_SP, response_logprobs, response_values
 from klppo_train.ppo.trajectories import Trajectories
-from klppo_train.runtime.process_group import sum_over_ranks, world_size
+from klppo_train.runtime.process_group import dp_size, sum_over_ranks
+from klppo_train.runtime.sequence_parallel import SequenceParallel
 from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss, value_loss
 from rollout import logprob_mismatch
 
@@ -40,7 +41,7 @@ class GlobalCounts:
         return cls(
             sum_over_ranks(response_mask.sum()),
             sum_over_ranks((response_mask.sum(-1) > 0).sum()),
-            world_size(),
+            dp_size(),
         )
 
     def kwargs(self) -> dict:
@@ -75,6 +76,7 @@ class PolicyLoss:
     kl_loss_type: str
     temperature: float = 1.0
     share_prompts: bool = False
+    sp: SequenceParallel = NO_SP
 
     def __call__(
         self, model: nn.Module, mb: Trajectories, counts: GlobalCounts
@@ -89,6 +91,7 @@ class PolicyLoss:
             temperature=self.temperature,
             with_entropy=self.entropy_coeff > 0 or on_policy,
             share_prompts=self.share_prompts,
+            sp=self.sp,
         )
         loss, metrics = policy_loss(
             logprobs,
@@ -130,6 +133,7 @@ class ValueLoss:
     cliprange_value: float
     loss_agg_mode: str
     share_prompts: bool = False
+    sp: SequenceParallel = NO_SP
 
     def __call__(
         self, model: nn.Module, mb: Trajectories, counts: GlobalCounts
@@ -141,6 +145,7 @@ class ValueLoss:
             mb.response_mask.shape[1],
             max_tokens=None,  # the micro-batch the trainee planned, as it is
             share_prompts=self.share_prompts,
+            sp=self.sp,
         )
         return value_loss(
             values,

@@ -19,8 +19,9 @@ from torch import nn
 
 from klppo_train.budgets.roles import PASS_ROLES
 from klppo_train.budgets.run_budgets import RunBudgets, run_with_backoff
-from klppo_train.ppo.forward import response_logprobs, response_values
+from klppo_train.ppo.forward import NO_SP, response_logprobs, response_values
 from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.runtime.sequence_parallel import SequenceParallel
 
 T = TypeVar("T")
 
@@ -56,7 +57,8 @@ class ForwardPass(Pass):
     """A forward-only pass of ``model`` over the responses (``[N, T]`` per token):
     log-probs at the sampling ``temperature`` (and the entropy with ``with_entropy``), or the
     critic's values with ``values=True``. ``share_prompts``: a prompt's samples run its
-    tokens once per micro-batch (``model.share_prompts``)."""
+    tokens once per micro-batch (``model.share_prompts``); ``sp``: the sequence-parallel
+    group that splits each packed row."""
 
     model: nn.Module
     response_length: int
@@ -64,6 +66,7 @@ class ForwardPass(Pass):
     temperature: float = 1.0
     values: bool = False
     with_entropy: bool = False
+    sp: SequenceParallel = NO_SP
 
     @torch.no_grad()
     def compute(self, t: Trajectories, budget: int):
@@ -73,6 +76,7 @@ class ForwardPass(Pass):
             max_tokens=budget,
             micro_batch_size=self.micro_batch_size,
             share_prompts=self.share_prompts,
+            sp=self.sp,
         )
         if self.values:
             return response_values(

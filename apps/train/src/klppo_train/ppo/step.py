@@ -32,6 +32,7 @@ from klppo_train.ppo.components import Components
 from klppo_train.ppo.trajectories import Trajectories, trajectories
 from klppo_train.runtime.balance import balance_rollouts
 from klppo_train.runtime.process_group import concat_over_ranks, rank_span
+from klppo_train.runtime.sequence_parallel import shared
 from ppo_core import masked_mean, token_level_scores
 from rollout import logprob_mismatch
 
@@ -78,6 +79,7 @@ def _generate(c: Components, items: Sequence[PromptItem], step: int, span: range
         plan.sampling.for_step(step),
         seeds=plan.sampling.request_seeds(step, span),
     )
+    batch = shared(batch, plan.sp)
     balance: dict[str, float] = {}
     positions = list(span)
     if plan.balance_batch:

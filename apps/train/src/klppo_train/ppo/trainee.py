@@ -29,7 +29,7 @@ from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.ppo.losses import GlobalCounts, MicroBatchLoss
 from klppo_train.ppo.passes import Pass
 from klppo_train.ppo.trajectories import Trajectories
-from klppo_train.runtime.process_group import sum_over_ranks, world_size
+from klppo_train.runtime.process_group import dp_size, sum_over_ranks
 from ppo_core import SHARE_METRICS
 
 
@@ -191,7 +191,7 @@ def mean_over_steps(per_step: list[dict[str, float]]) -> dict[str, float]:
     """The optimizer steps' metrics averaged, each step's reduced over the ranks first:
     shares summed, ``*_max`` and ``grad_norm`` (already global) by maximum."""
     keys = sorted(per_step[0])
-    if world_size() > 1:
+    if dp_size() > 1:
         values = torch.tensor([[m[k] for k in keys] for m in per_step], dtype=torch.float64)
         largest = torch.tensor([k.endswith(("_max", "grad_norm")) for k in keys])
         summed = sum_over_ranks(torch.where(largest, 0.0, values))

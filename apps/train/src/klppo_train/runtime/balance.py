@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from batching import RankAssignment, balance_across_ranks
 from klppo_train.data.datasets import PromptItem
-from klppo_train.runtime.process_group import world_size
+from klppo_train.runtime.process_group import dp_group, dp_rank, dp_size
 from rollout import RolloutBatch, Sample
 
 Group = tuple[PromptItem, list[Sample]]
@@ -51,16 +51,16 @@ def balance_rollouts(
     ``perf/dp_imbalance_{before,after}`` (max / mean tokens per rank) and the positions of
     the share's prompts in the step's batch (the ranks' prompts in rank order). A
     collective; at world size 1 the input comes back unchanged (and no metrics)."""
-    world = world_size()
+    world = dp_size()
     if world == 1:
         return list(items), batch, {}, list(range(len(items)))
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, _groups(items, batch))
+    dist.all_gather_object(gathered, _groups(items, batch), group=dp_group())
     groups = [group for rank_groups in gathered for group in rank_groups]
     loads = [_load(g) for g in groups]
     before = _as_generated([len(rank_groups) for rank_groups in gathered], loads)
     assignment = balance_across_ranks(loads, world)
-    positions = list(assignment.ranks[dist.get_rank()])
+    positions = list(assignment.ranks[dp_rank()])
     mine = [groups[g] for g in positions]
     samples = [replace(s, prompt_index=i) for i, (_, group) in enumerate(mine) for s in group]
     metrics = {

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+import torch.distributed as dist
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -30,7 +31,9 @@ from batching import (
     varlen_causal_attention,
     varlen_layout,
 )
+from fsdp_sharding.ulysses import heads_to_seq, repeat_kv_heads, seq_to_heads
 from klppo_train.config.choices import VARLEN
+from klppo_train.runtime.sequence_parallel import ULYSSES_GROUP
 
 GROUP_ATTENTION = "klppo_group_attention"
 """An attention module's attribute: the :data:`batching.GroupAttention` its packed rows use
@@ -61,7 +64,9 @@ def varlen_attention_forward(
     """transformers' attention-function signature: ``query`` ``[1, H, nnz, D]``, key/value
     ``[1, H_kv, nnz, D]`` → ``([1, nnz, H, D], None)``."""
     # A cache (key longer than query) or a batch of rows is not a packed row.
-    packed = query.shape[0] == 1 and query.shape[2] > 1 and key.shape[2] == query.shape[2]
+    group = kwargs.get(ULYSSES_GROUP)  # a slice of a packed row: it may hold one token
+    packed = query.shape[0] == 1 and key.shape[2] == query.shape[2]
+    packed = packed and (query.shape[2] > 1 or group is not None)
     if attention_mask is not None or not packed:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -72,13 +77,21 @@ def varlen_attention_forward(
         if cu_seqlens is None:
             cu_seqlens = cu_seqlens_from_positions(kwargs["position_ids"])
         layout = _layout(cu_seqlens)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [nnz, heads, D]
+    if group is not None:  # this rank's slice of the row → whole sequences, 1/sp of the heads
+        sp = dist.get_world_size(group)
+        q, k, v = (seq_to_heads(t, group) for t in (q, *(repeat_kv_heads(t, sp) for t in (k, v))))
     out = varlen_causal_attention(
-        *(t[0].transpose(0, 1) for t in (query, key, value)),
+        q,
+        k,
+        v,
         layout,
         scale=scaling,
         dropout_p=dropout,
         group_attention=getattr(module, GROUP_ATTENTION, None),
     )
+    if group is not None:
+        out = heads_to_seq(out, group)
     return out.unsqueeze(0), None
 
 
@@ -95,14 +108,14 @@ AttentionMaskInterface.register(VARLEN, _varlen_mask)
 
 
 def packed_attention_implementation(
-    setting: str, device: torch.device, share_prompts: bool = False
+    setting: str, device: torch.device, needs_varlen: bool = False
 ) -> str:
-    """``model.attn_implementation``; ``auto`` = ``klppo_varlen`` with ``model.share_prompts``
-    (only it attends over a shared prompt), else ``flash_attention_2`` on CUDA where flash-attn
-    is installed, else ``klppo_varlen``."""
+    """``model.attn_implementation``; ``auto`` = ``klppo_varlen`` when ``needs_varlen``
+    (``model.share_prompts``, sequence parallelism: only it runs those), else
+    ``flash_attention_2`` on CUDA where flash-attn is installed, else ``klppo_varlen``."""
     if setting != "auto":
         return setting
-    if share_prompts:
+    if needs_varlen:
         return VARLEN
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"

@@ -21,6 +21,10 @@ import torch.distributed as dist
 
 T = TypeVar("T")
 _HOST_GROUP: Any = None  # gloo beside NCCL: host-side agreements without a device sync
+# The ranks that hold different data: ``(group, rank, size)``; None: every rank (no sequence
+# parallelism). With Ulysses (klppo_train.runtime.sequence_parallel) the sp ranks of a group
+# hold the same data, so data splits, sums and metrics go over this group.
+_DATA_PARALLEL: tuple[Any, int, int] | None = None
 
 
 def init_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
@@ -128,13 +132,34 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def set_data_parallel(group: Any, rank: int, size: int) -> None:
+    """Data splits, sums and metrics go over ``group`` (this rank is its ``rank``-th of
+    ``size``) rather than the world: see :mod:`klppo_train.runtime.sequence_parallel`."""
+    global _DATA_PARALLEL
+    _DATA_PARALLEL = (group, rank, size)
+
+
+def dp_size() -> int:
+    """How many ranks hold different data (the world size without sequence parallelism)."""
+    return _DATA_PARALLEL[2] if _DATA_PARALLEL else world_size()
+
+
+def dp_rank() -> int:
+    if _DATA_PARALLEL:
+        return _DATA_PARALLEL[1]
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def dp_group() -> Any:
+    """The data-parallel process group (None: the world)."""
+    return _DATA_PARALLEL[0] if _DATA_PARALLEL else None
+
+
 def rank_span(count: int) -> range:
-    """The indices of this rank's contiguous share of ``count`` items (the ranks' shares
-    differ by at most one)."""
-    if not dist.is_initialized():
-        return range(count)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    return range((count * rank) // world, (count * (rank + 1)) // world)
+    """The indices of this rank's contiguous share of ``count`` items (the data-parallel
+    ranks' shares differ by at most one)."""
+    rank, size = dp_rank(), dp_size()
+    return range((count * rank) // size, (count * (rank + 1)) // size)
 
 
 def rank_slice(items: Sequence[T]) -> list[T]:
@@ -144,11 +169,12 @@ def rank_slice(items: Sequence[T]) -> list[T]:
 
 
 def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
-    """``value`` summed over all ranks (an all-reduced copy; ``value`` itself alone)."""
-    if world_size() == 1:
+    """``value`` summed over the data-parallel ranks (an all-reduced copy; ``value`` itself
+    alone)."""
+    if dp_size() == 1:
         return value
     value = value.clone()
-    dist.all_reduce(value)
+    dist.all_reduce(value, group=dp_group())
     return value
 
 
@@ -203,10 +229,9 @@ def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
     maxima by max, counts summed, token means weighted by each rank's ``perf/response_tokens``
     (so ``metrics.jsonl`` does not change with the world size). The updates' metrics arrive
     global already (:func:`klppo_train.ppo.trainee.mean_over_steps`)."""
-    if world_size() == 1:
+    gathered = _gathered(metrics)
+    if len(gathered) == 1:
         return dict(metrics)
-    gathered: list[Any] = [None] * world_size()
-    dist.all_gather_object(gathered, metrics)
     tokens = [m.get(TOKENS, 1.0) for m in gathered]
     return {
         key: _combine(key, [m[key] for m in gathered if key in m], tokens)
@@ -216,12 +241,18 @@ def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def concat_over_ranks(counts: dict[str, list[float]]) -> dict[str, list[float]]:
     """Concatenate per-key lists from every rank (e.g. validation hits per data source)."""
-    if world_size() == 1:
-        return counts
-    gathered: list[Any] = [None] * world_size()
-    dist.all_gather_object(gathered, counts)
+    gathered = _gathered(counts)
     merged: dict[str, list[float]] = {}
     for part in gathered:
         for key, values in part.items():
             merged.setdefault(key, []).extend(values)
     return merged
+
+
+def _gathered(value: T) -> list[T]:
+    """Every data-parallel rank's ``value``, in rank order."""
+    if dp_size() == 1:
+        return [value]
+    gathered: list[Any] = [None] * dp_size()
+    dist.all_gather_object(gathered, value, group=dp_group())
+    return gathered

@@ -19,6 +19,7 @@ from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape
 from klppo_train.budgets.roles import PASS_ROLES, run_roles, static_micro_batch_size
 from klppo_train.budgets.run_budgets import configured, longest_sequence
 from klppo_train.config.schema import AppConfig
+from klppo_train.config.validate import sequence_parallel_size
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
 from klppo_train.ppo.components import Components, StepPlan
@@ -33,7 +34,8 @@ from klppo_train.reward_model.serve import (
     same_tokenization,
 )
 from klppo_train.runtime.engine import RolloutStats, Sampling
-from klppo_train.runtime.process_group import sum_over_ranks, world_size
+from klppo_train.runtime.process_group import dp_size, sum_over_ranks
+from klppo_train.runtime.sequence_parallel import sequence_parallel
 from klppo_train.trainer.schedule import make_scheduler
 from rollout import RolloutEngine, WeightSync
 
@@ -51,6 +53,7 @@ class StepBuilder:
 
     def __init__(self, cfg: AppConfig) -> None:
         self.cfg = cfg
+        self.sp = sequence_parallel(sequence_parallel_size(cfg))
 
     def skips_old_log_prob_pass(self) -> bool:
         """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not
@@ -74,6 +77,7 @@ class StepBuilder:
             response_length=cfg.rollout.sampling.max_new_tokens,
             share_prompts=cfg.model.share_prompts,
             temperature=cfg.rollout.sampling.temperature,
+            sp=self.sp,
             **computes,
         )
 
@@ -90,6 +94,7 @@ class StepBuilder:
             kl_loss_type=a.kl_loss_type,
             temperature=self.cfg.rollout.sampling.temperature,
             share_prompts=self.cfg.model.share_prompts,
+            sp=self.sp,
         )
 
     def value_loss(self) -> ValueLoss:
@@ -97,6 +102,7 @@ class StepBuilder:
             cliprange_value=self.cfg.critic.cliprange_value,
             loss_agg_mode=self.cfg.critic.loss_agg_mode,
             share_prompts=self.cfg.model.share_prompts,
+            sp=self.sp,
         )
 
     def trainee(self, name: str, model: nn.Module, loss) -> Trainee:
@@ -104,7 +110,7 @@ class StepBuilder:
         update pass."""
         cfg, section = self.cfg, getattr(self.cfg, name)
         prompts = section.ppo_mini_batch_size  # over all ranks (global mini-batches)
-        mine = min(prompts, cfg.data.train_batch_size // world_size())
+        mine = min(prompts, cfg.data.train_batch_size // dp_size())
         return Trainee(
             name=name,
             model=model,
@@ -192,12 +198,13 @@ class StepBuilder:
             rewards=rewards,
             kl_controller=kl_controller,
             advantage_fn=make_advantage_fn(
-                cfg.algorithm, dp_sum=sum_over_ranks if world_size() > 1 else None
+                cfg.algorithm, dp_sum=sum_over_ranks if dp_size() > 1 else None
             ),
             plan=StepPlan(
                 sampling=self.sampling(),
                 response_length=cfg.rollout.sampling.max_new_tokens,
                 balance_batch=cfg.trainer.balance_batch,
+                sp=self.sp,
             ),
             kl_in_reward=(
                 KLInReward(cfg.algorithm.kl_penalty, kl_controller)
@@ -245,7 +252,7 @@ class StepBuilder:
         return ProbeShape(
             sequence=longest_sequence(cfg),
             response=cfg.rollout.sampling.max_new_tokens,
-            step_rows=cfg.data.train_batch_size * cfg.rollout.sampling.n // world_size(),
+            step_rows=cfg.data.train_batch_size * cfg.rollout.sampling.n // dp_size(),
             quadratic=cfg.model.attn_implementation in QUADRATIC_ATTENTION,
             memory_limit_gib=cfg.trainer.memory_limit_gib,
             # vLLM's level-2 sleep drops the weights (only a weight sync brings them back)

@@ -22,6 +22,7 @@ from transformers import (
 from batching import compiled_group_attention
 from fsdp_sharding import ShardingConfig, default_device, iter_full_state_dict, shard_model
 from klppo_train.config.schema import AppConfig
+from klppo_train.config.validate import sequence_parallel_size
 from klppo_train.data import sources
 from klppo_train.data.datasets import read_rows
 from klppo_train.data.rewards import RewardManager
@@ -86,12 +87,17 @@ def compile_blocks(model) -> int:
     return len(blocks)
 
 
+def attention_implementation(cfg: AppConfig, device: torch.device) -> str:
+    """``model.attn_implementation`` resolved: ``auto`` takes ``klppo_varlen`` where only it
+    runs the packed rows (shared prompts, rows split by sequence parallelism)."""
+    needs_varlen = cfg.model.share_prompts or sequence_parallel_size(cfg) > 1
+    return packed_attention_implementation(cfg.model.attn_implementation, device, needs_varlen)
+
+
 def _load(cfg: AppConfig, cls, model_dir: Path, dtype: torch.dtype, **kwargs):
     """A HF model with the packed attention the trainer's forward passes use (and its
     blocks compiled when ``model.compile``)."""
-    attention = packed_attention_implementation(
-        cfg.model.attn_implementation, default_device(), cfg.model.share_prompts
-    )
+    attention = attention_implementation(cfg, default_device())
     model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention, **kwargs)
     if cfg.model.compile:
         log.info("torch.compile: %d blocks of %s", compile_blocks(model), type(model).__name__)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from fsdp_sharding import default_device
 from klppo_train.ppo.components import StepPlan
 from klppo_train.ppo.trajectories import trajectories
-from klppo_train.runtime.process_group import concat_over_ranks, rank_slice, world_size
+from klppo_train.runtime.process_group import concat_over_ranks, dp_size, rank_slice
 from rollout import RolloutBatch
 
 
@@ -58,7 +58,7 @@ def validate(
         _score_batch(c, mine, hits, answered)
     hits = concat_over_ranks(hits)
     metrics = {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
-    if c.reward_model is not None and len(items) >= world_size():  # every rank has samples
+    if c.reward_model is not None and len(items) >= dp_size():  # every rank has samples
         scores = _reward_model_scores(c, answered)
         if answered.keep_rows:
             for row, score in zip(answered.rows, scores, strict=True):

@@ -1,0 +1,186 @@
+"""Ulysses sequence parallelism: one actor update of a long sequence at sp = 1 and sp = 2.
+
+    ./uvw run python benchmarks/ulysses_bench.py [--lengths 4096,8192,16384] [--hidden 256]
+
+The command launches itself under ``torch.distributed.run`` (2 processes, gloo on CPU, one
+thread each; NCCL on GPUs) and prints rank 0's table. The model is a Qwen2-style one built
+from a config (the embedded model widened: ``--hidden``/32 heads, half as many key/value
+heads, ``--layers``, ``--vocab``), FSDP2-sharded over both ranks, fp32, with the trainer's
+packed ``klppo_varlen`` attention. For each length L, one sequence of L tokens (half prompt,
+half response) goes through the trainer's own update path
+(:func:`klppo_train.ppo.forward.response_logprobs` with entropy, a token-mean policy-style
+loss, backward):
+
+- ``sp=1``: data parallelism: each rank updates on its own sequence (the whole row);
+- ``sp=2``: both ranks hold the same sequence and each runs half of the packed row
+  (attention on whole sequences for half the heads, the logits of half the tokens).
+
+Columns: time of the update (slowest rank) and peak memory growth over the pass (largest
+rank: RSS high-water mark on CPU, ``max_memory_allocated`` on CUDA; the trainer's probe
+meter, :class:`klppo_train.budgets.measure.PassMeter`), and sp=2 / sp=1. A warm-up pass at
+the smallest length comes first. Writes ``benchmarks/results/ulysses_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _results import RESULTS_DIR, write_results
+
+RESULTS = RESULTS_DIR / "ulysses_bench.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="4096,8192,16384", help="tokens per sequence")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def build(args: argparse.Namespace, longest: int):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from fsdp_sharding import ShardingConfig, default_device, shard_model
+    from klppo_train.runtime.packed_attention import VARLEN
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 32,
+        num_key_value_heads=max(1, args.hidden // 64),
+        max_position_embeddings=longest,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).to(default_device())
+    model.set_attn_implementation(VARLEN)
+    return shard_model(model, ShardingConfig())
+
+
+def update(model, length: int, vocab: int, seed: int, sp) -> None:
+    """One update of one sequence: ``[1, L]``, half prompt, half response."""
+    import torch
+
+    from fsdp_sharding import default_device
+    from klppo_train.ppo.forward import response_logprobs
+
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (1, length), generator=generator).to(default_device())
+    mask = torch.ones_like(ids)
+    logprobs, entropy = response_logprobs(
+        model, ids, mask, length // 2, max_tokens=None, with_entropy=True, sp=sp
+    )
+    loss = -(logprobs.mean() + 0.01 * entropy.mean())
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def measure(model, length: int, vocab: int, sp, rank: int) -> dict:
+    import torch.distributed as dist
+
+    from klppo_train.budgets.measure import PassMeter, agree
+
+    seed = rank if sp.size == 1 else 0  # data parallel: own sequences; sp: the same one
+    dist.barrier()
+    point = agree(PassMeter()(lambda: update(model, length, vocab, seed, sp), length))
+    return {"sp": sp.size, "length": length, "seconds": point.seconds, "peak_gib": point.memory_gib}
+
+
+def worker(folder: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from fsdp_sharding import default_device
+    from klppo_train.runtime.sequence_parallel import SequenceParallel, sequence_parallel
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    args = argparse.Namespace(**json.loads((folder / "args.json").read_text()))
+    lengths = [int(n) for n in args.lengths.split(",")]
+    rank = dist.get_rank()
+    model = build(args, max(lengths))
+    splits = (SequenceParallel(), sequence_parallel(2))
+    for sp in splits:  # warm-up: kernels, the allocator's first growth
+        update(model, min(lengths), args.vocab, 0, sp)
+    rows = [measure(model, n, args.vocab, sp, rank) for n in lengths for sp in splits]
+    if rank == 0:
+        result = {
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "backend": dist.get_backend(),
+            "world_size": dist.get_world_size(),
+            "threads_per_rank": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
+            "params": sum(p.numel() for p in model.parameters()) * dist.get_world_size(),
+            "device_type": default_device().type,
+            "rows": rows,
+        }
+        (folder / "result.json").write_text(json.dumps(result, indent=2))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def launch(args: argparse.Namespace, folder: Path) -> dict:
+    """The workers under torchrun (2 processes, a thread each on CPU); rank 0's result."""
+    (folder / "args.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k in (
+        "lengths", "hidden", "layers", "vocab")}))  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    run = subprocess.run([*cmd, str(Path(__file__).resolve()), "--worker", str(folder)], env=env)
+    if run.returncode != 0:
+        raise SystemExit(f"ulysses_bench: torchrun failed with exit code {run.returncode}")
+    return json.loads((folder / "result.json").read_text())
+
+
+def print_table(data: dict) -> None:
+    m = data["model"]
+    print(
+        f"{data['device']} ({data['backend']}), {data['world_size']} ranks × "
+        f"{data['threads_per_rank']} threads, torch {data['torch']}; Qwen2 "
+        f"{data['params'] / 1e6:.1f}M params (hidden {m['hidden']}, {m['layers']} layers, "
+        f"vocab {m['vocab']}), FSDP2 over both ranks, one sequence per update"
+    )
+    print("| tokens | sp=1 s | sp=2 s | sp=1 peak GiB | sp=2 peak GiB | memory sp2/sp1 |")
+    print("|-------:|-------:|-------:|--------------:|--------------:|---------------:|")
+    rows = {(r["length"], r["sp"]): r for r in data["rows"]}
+    for length in sorted({r["length"] for r in data["rows"]}):
+        one, two = rows[length, 1], rows[length, 2]
+        data.setdefault("ratios", {})[str(length)] = two["peak_gib"] / max(one["peak_gib"], 1e-9)
+        print(
+            f"| {length:>6} | {one['seconds']:>6.2f} | {two['seconds']:>6.2f} | "
+            f"{one['peak_gib']:>13.3f} | {two['peak_gib']:>13.3f} | "
+            f"{data['ratios'][str(length)]:>14.2f} |"
+        )
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = launch(args, Path(tmp))
+    data["wall_s"] = time.perf_counter() - start
+    print_table(data)
+    print(f"wall time {data['wall_s']:.0f} s")
+    write_results(data, args.out)
+
+
+if __name__ == "__main__":
+    main()
