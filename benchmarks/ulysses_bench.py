@@ -1,15 +1,16 @@
 """Ulysses sequence parallelism: one actor update of a long sequence at sp = 1 and sp = 2.
 
-    ./uvw run python benchmarks/ulysses_bench.py [--lengths 4096,8192,16384] [--hidden 256]
+    ./uvw run python benchmarks/ulysses_bench.py [--lengths 2048,4096,8192] [--hidden 512]
+        [--layers 8] [--vocab 32000] [--prompt-share 0.125]
 
 The command launches itself under ``torch.distributed.run`` (2 processes, gloo on CPU, one
 thread each; NCCL on GPUs) and prints rank 0's table. The model is a Qwen2-style one built
 from a config (the embedded model widened: ``--hidden``/32 heads, half as many key/value
 heads, ``--layers``, ``--vocab``), FSDP2-sharded over both ranks, fp32, with the trainer's
-packed ``klppo_varlen`` attention. For each length L, one sequence of L tokens (half prompt,
-half response) goes through the trainer's own update path
-(:func:`klppo_train.ppo.forward.response_logprobs` with entropy, a token-mean policy-style
-loss, backward):
+packed ``klppo_varlen`` attention. For each length L, one sequence of L tokens
+(``--prompt-share`` of it prompt, default 1/8: a reasoning model's long response) goes
+through the trainer's own update path (:func:`klppo_train.ppo.forward.response_logprobs`
+with entropy, a token-mean policy-style loss, backward):
 
 - ``sp=1``: data parallelism: each rank updates on its own sequence (the whole row);
 - ``sp=2``: both ranks hold the same sequence and each runs half of the packed row
@@ -39,10 +40,13 @@ RESULTS = RESULTS_DIR / "ulysses_bench.json"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="4096,8192,16384", help="tokens per sequence")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--lengths", default="2048,4096,8192", help="tokens per sequence")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument(
+        "--prompt-share", type=float, default=0.125, help="of each sequence (the rest: response)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -71,8 +75,8 @@ def build(args: argparse.Namespace, longest: int):
     return shard_model(model, ShardingConfig())
 
 
-def update(model, length: int, vocab: int, seed: int, sp) -> None:
-    """One update of one sequence: ``[1, L]``, half prompt, half response."""
+def update(model, length: int, vocab: int, seed: int, sp, prompt_share: float) -> None:
+    """One update of one sequence: ``[1, L]``, ``prompt_share`` of it prompt."""
     import torch
 
     from fsdp_sharding import default_device
@@ -81,22 +85,24 @@ def update(model, length: int, vocab: int, seed: int, sp) -> None:
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (1, length), generator=generator).to(default_device())
     mask = torch.ones_like(ids)
+    response = length - int(length * prompt_share)
     logprobs, entropy = response_logprobs(
-        model, ids, mask, length // 2, max_tokens=None, with_entropy=True, sp=sp
+        model, ids, mask, response, max_tokens=None, with_entropy=True, sp=sp
     )
     loss = -(logprobs.mean() + 0.01 * entropy.mean())
     loss.backward()
     model.zero_grad(set_to_none=True)
 
 
-def measure(model, length: int, vocab: int, sp, rank: int) -> dict:
+def measure(model, length: int, args: argparse.Namespace, sp, rank: int) -> dict:
     import torch.distributed as dist
 
     from klppo_train.budgets.measure import PassMeter, agree
 
     seed = rank if sp.size == 1 else 0  # data parallel: own sequences; sp: the same one
     dist.barrier()
-    point = agree(PassMeter()(lambda: update(model, length, vocab, seed, sp), length))
+    run = lambda: update(model, length, args.vocab, seed, sp, args.prompt_share)  # noqa: E731
+    point = agree(PassMeter()(run, length))
     return {"sp": sp.size, "length": length, "seconds": point.seconds, "peak_gib": point.memory_gib}
 
 
@@ -116,8 +122,8 @@ def worker(folder: Path) -> None:
     model = build(args, max(lengths))
     splits = (SequenceParallel(), sequence_parallel(2))
     for sp in splits:  # warm-up: kernels, the allocator's first growth
-        update(model, min(lengths), args.vocab, 0, sp)
-    rows = [measure(model, n, args.vocab, sp, rank) for n in lengths for sp in splits]
+        update(model, min(lengths), args.vocab, 0, sp, args.prompt_share)
+    rows = [measure(model, n, args, sp, rank) for n in lengths for sp in splits]
     if rank == 0:
         result = {
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -126,6 +132,7 @@ def worker(folder: Path) -> None:
             "threads_per_rank": torch.get_num_threads(),
             "torch": torch.__version__,
             "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
+            "prompt_share": args.prompt_share,
             "params": sum(p.numel() for p in model.parameters()) * dist.get_world_size(),
             "device_type": default_device().type,
             "rows": rows,
@@ -138,7 +145,7 @@ def worker(folder: Path) -> None:
 def launch(args: argparse.Namespace, folder: Path) -> dict:
     """The workers under torchrun (2 processes, a thread each on CPU); rank 0's result."""
     (folder / "args.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k in (
-        "lengths", "hidden", "layers", "vocab")}))  # fmt: skip
+        "lengths", "hidden", "layers", "vocab", "prompt_share")}))  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     run = subprocess.run([*cmd, str(Path(__file__).resolve()), "--worker", str(folder)], env=env)
@@ -153,7 +160,8 @@ def print_table(data: dict) -> None:
         f"{data['device']} ({data['backend']}), {data['world_size']} ranks × "
         f"{data['threads_per_rank']} threads, torch {data['torch']}; Qwen2 "
         f"{data['params'] / 1e6:.1f}M params (hidden {m['hidden']}, {m['layers']} layers, "
-        f"vocab {m['vocab']}), FSDP2 over both ranks, one sequence per update"
+        f"vocab {m['vocab']}), FSDP2 over both ranks, one sequence per update, "
+        f"{data['prompt_share']:.0%} of it prompt"
     )
     print("| tokens | sp=1 s | sp=2 s | sp=1 peak GiB | sp=2 peak GiB | memory sp2/sp1 |")
     print("|-------:|-------:|-------:|--------------:|--------------:|---------------:|")

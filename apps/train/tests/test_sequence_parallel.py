@@ -65,20 +65,23 @@ def test_heads_that_do_not_split_exit_2_before_any_model(
     _exit_2_matching(run, capsys, [f"model.path={model}", *sp4], pattern)
 
 
-def test_the_slices_of_a_padded_row_cover_it_once() -> None:
+def test_the_zigzag_slices_of_a_padded_row_cover_it_once() -> None:
     ids, mask = prompt_response_batch([3, 2], [2, 0], 4, 3, 64)  # 7 tokens
     packing = pack(ids, mask)
-    shards = [SequenceShard(packing, SequenceParallel(3, r)) for r in range(3)]
+    shards = [SequenceShard(packing, SequenceParallel(2, r)) for r in range(2)]
     kwargs = [s.model_kwargs() for s in shards]
-    row = torch.cat([k["input_ids"] for k in kwargs], dim=1)
-    assert row.shape == (1, 9) and torch.equal(row[:, :7], packing.input_ids)
-    positions = torch.cat([k["position_ids"] for k in kwargs], dim=1)[0].tolist()
-    assert positions == [0, 1, 2, 3, 4, 0, 1, 0, 1]  # the padding: a sequence of its own
-    assert kwargs[0]["cu_seq_lens_q"].tolist() == [0, 5, 7, 9]
+    # padded to 16 = 4 rounds of 2·2 chunks of 1: rank r holds chunks r and 3 - r of each
+    mine = [[0, 3, 4, 7, 8, 11, 12, 15], [1, 2, 5, 6, 9, 10, 13, 14]]
+    assert shards[0].order.tolist() == mine[0] + mine[1]
+    row = torch.cat([k["input_ids"] for k in kwargs], dim=1)[0, torch.argsort(shards[0].order)]
+    assert row.shape == (16,) and torch.equal(row[:7], packing.input_ids[0])
+    positions = [k["position_ids"][0].tolist() for k in kwargs]
+    assert positions == [[0, 3, 4, 0, 1, 4, 5, 8], [1, 2, 0, 1, 2, 3, 6, 7]]  # padding: 0..8
+    assert kwargs[0]["cu_seq_lens_q"].tolist() == [0, 5, 7, 16]
     keep = torch.tensor([1, 2, 3, 6])
     split = [s.split(keep) for s in shards]
-    assert [m.tolist() for m, _ in split] == [[1, 2], [3], [6]]
-    assert [loc.tolist() for _, loc in split] == [[1, 2], [0], [0]]
+    assert [m.tolist() for m, _ in split] == [[3], [1, 2, 6]]
+    assert [loc.tolist() for _, loc in split] == [[1], [0, 1, 3]]
 
 
 @pytest.mark.slow  # two processes
@@ -87,6 +90,8 @@ def test_split_rows_give_the_whole_rows_outputs_and_gradients(tmp_path) -> None:
     for rank in ranks:
         assert set(rank) == {"128", "128_fsdp", "64", "64_fsdp"}
         for case, diffs in rank.items():
-            share = diffs.pop("tokens_share")  # padded halves of the odd rows
-            assert 0.5 <= share <= 0.55, (case, share)
+            # each rank ran half a row; these rows are short (<= 40 tokens), so the padding
+            # to a multiple of 16 (8 · sp: the zigzag's chunks) is a large part of them
+            share = diffs.pop("tokens_share")
+            assert 0.5 <= share <= 0.75, (case, share)
             assert len(diffs) == 7 and all(d < 1e-6 for d in diffs.values()), (case, diffs)

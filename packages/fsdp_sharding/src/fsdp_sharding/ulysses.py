@@ -10,7 +10,7 @@ so a rank holds 1/sp of every activation outside attention. ``S`` is the packed 
 length padded to a multiple of ``sp`` (:func:`pad_to_multiple`, :func:`sequence_slice`); the
 outputs come back whole with :func:`gather_sequence`.
 
-Every collective is ``all_to_all_single`` / ``all_gather_into_tensor`` (gloo runs both;
+Every collective is ``all_to_all_single`` / ``all_gather_single`` (gloo runs both;
 gloo lacks the list form ``all_to_all`` verl uses), wrapped in an autograd function whose
 backward is the opposite collective, so gradients flow to every rank's slice.
 """
@@ -119,6 +119,10 @@ def repeat_kv_heads(x: torch.Tensor, sp: int) -> torch.Tensor:
     return x.repeat_interleave(sp // h_kv, dim=1)
 
 
+# torch 2.13 renamed all_gather_into_tensor (and warns on the old name)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class _GatherSequence(Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group, dim: int, grad_scale: float) -> torch.Tensor:
@@ -126,7 +130,7 @@ class _GatherSequence(Function):
         n = dist.get_world_size(group)
         moved = x.movedim(dim, 0).contiguous()
         out = torch.empty((n * moved.shape[0], *moved.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, moved, group=group)
+        _all_gather(out, moved, group=group)
         return out.movedim(0, dim)
 
     @staticmethod

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-import torch.distributed as dist
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -31,9 +30,8 @@ from batching import (
     varlen_causal_attention,
     varlen_layout,
 )
-from fsdp_sharding.ulysses import heads_to_seq, repeat_kv_heads, seq_to_heads
 from klppo_train.config.choices import VARLEN
-from klppo_train.runtime.sequence_parallel import ULYSSES_GROUP
+from klppo_train.runtime.sequence_parallel import ULYSSES
 
 GROUP_ATTENTION = "klppo_group_attention"
 """An attention module's attribute: the :data:`batching.GroupAttention` its packed rows use
@@ -64,9 +62,9 @@ def varlen_attention_forward(
     """transformers' attention-function signature: ``query`` ``[1, H, nnz, D]``, key/value
     ``[1, H_kv, nnz, D]`` → ``([1, nnz, H, D], None)``."""
     # A cache (key longer than query) or a batch of rows is not a packed row.
-    group = kwargs.get(ULYSSES_GROUP)  # a slice of a packed row: it may hold one token
+    split = kwargs.get(ULYSSES)  # a slice of a packed row: it may hold one token
     packed = query.shape[0] == 1 and key.shape[2] == query.shape[2]
-    packed = packed and (query.shape[2] > 1 or group is not None)
+    packed = packed and (query.shape[2] > 1 or split is not None)
     if attention_mask is not None or not packed:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -78,9 +76,8 @@ def varlen_attention_forward(
             cu_seqlens = cu_seqlens_from_positions(kwargs["position_ids"])
         layout = _layout(cu_seqlens)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [nnz, heads, D]
-    if group is not None:  # this rank's slice of the row → whole sequences, 1/sp of the heads
-        sp = dist.get_world_size(group)
-        q, k, v = (seq_to_heads(t, group) for t in (q, *(repeat_kv_heads(t, sp) for t in (k, v))))
+    if split is not None:  # this rank's slice of the row → whole sequences, 1/sp of the heads
+        q, k, v = split.whole_sequences(q, k, v)
     out = varlen_causal_attention(
         q,
         k,
@@ -90,8 +87,8 @@ def varlen_attention_forward(
         dropout_p=dropout,
         group_attention=getattr(module, GROUP_ATTENTION, None),
     )
-    if group is not None:
-        out = heads_to_seq(out, group)
+    if split is not None:
+        out = split.back_to_slice(out)
     return out.unsqueeze(0), None
 
 
