@@ -105,11 +105,15 @@ def ensure_venv(venv: Path) -> Path:
 
     if py.exists() and probe() == WANT:
         return py
-    uv = [str(ROOT / "uvw")]
+    # `uv run` names its uv in $UV; else ./uvw finds one (the base interpreter may have it:
+    # this venv's has neither uv nor pip)
+    uv = [os.environ["UV"]] if "UV" in os.environ else [str(ROOT / "uvw")]
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys._base_executable)}
     if not py.exists():
-        subprocess.run([*uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+        command = [*uv, "venv", "--quiet", "--python", sys.executable, str(venv)]
+        subprocess.run(command, check=True, env=env)
     install = [*uv, "pip", "install", "--quiet", "--python", str(py)]
-    subprocess.run([*install, "--find-links", torch_wheels(), *PINS], check=True)
+    subprocess.run([*install, "--find-links", torch_wheels(), *PINS], check=True, env=env)
     if (got := probe()) != WANT:
         sys.exit(f"{venv}: torch/trl are {got}, want {WANT}")
     return py

@@ -16,7 +16,8 @@
 # steps on the CPU, printing per-phase times and tokens/s; then 3 steps of the SmolLM2
 # recipe on the GPU (it converts its model on first use; SMOL_MODEL=<dir> reuses one),
 # printing per-phase times, tokens/s, peak allocated memory and the actor-update MFU; then
-# benchmarks/budget_bench.py (auto token budgets beside a hand-set sweep, on the GPU).
+# benchmarks/budget_bench.py (auto token budgets beside a hand-set sweep, on the GPU); with 2
+# GPUs, benchmarks/ulysses_bench.py (a long-sequence update at sp = 1 and 2, NCCL).
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -134,5 +135,15 @@ EOF
 step "Token budgets on 1 GPU: auto (probe: fit of max_memory_allocated) vs a hand-set sweep"
 echo "+ $PYTHON benchmarks/budget_bench.py --repeats 2"
 $PYTHON benchmarks/budget_bench.py --repeats 2 || echo "budget_bench: a check failed (see above)"
+
+step "Ulysses sequence parallelism on 2 GPUs (NCCL): one long-sequence update at sp=1 and sp=2"
+NGPU=$($PYTHON -c 'import torch; print(torch.cuda.device_count())')
+if [ "$NGPU" -ge 2 ]; then
+  echo "+ $PYTHON benchmarks/ulysses_bench.py --lengths 8192,16384,32768"
+  $PYTHON benchmarks/ulysses_bench.py --lengths 8192,16384,32768 \
+    --out benchmarks/results/ulysses_bench_cuda.json
+else
+  echo "$NGPU GPU: skipped (needs 2)"
+fi
 
 step "done"
