@@ -19,7 +19,15 @@ with entropy, a token-mean policy-style loss, backward):
 Columns: time of the update (slowest rank) and peak memory growth over the pass (largest
 rank: RSS high-water mark on CPU, ``max_memory_allocated`` on CUDA; the trainer's probe
 meter, :class:`klppo_train.budgets.measure.PassMeter`), and sp=2 / sp=1. A warm-up pass at
-the smallest length comes first. Writes ``benchmarks/results/ulysses_bench.json``.
+the smallest length comes first.
+
+Then the trainer itself (``--trainer-response``, 0 to skip): one PPO step of the embedded
+default (briefly warmed up, its context raised) under torchrun on 2 ranks, every token
+budget ``auto``, responses up to ``--trainer-response`` tokens, under a
+``trainer.memory_limit_gib`` that leaves each rank 0.8× what one full-length sequence
+needs at sp = 1 (measured by a first run; ``--memory-limit-gib`` sets it), at sp = 1 and
+sp = 2: sp = 1 is refused before step 0 (the probe's message), sp = 2 trains.
+Writes ``benchmarks/results/ulysses_bench.json``.
 """
 
 from __future__ import annotations
@@ -47,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prompt-share", type=float, default=0.125, help="of each sequence (the rest: response)"
     )
+    parser.add_argument(
+        "--trainer-response", type=int, default=16384, help="0: no trainer runs (below)"
+    )
+    parser.add_argument("--memory-limit-gib", type=float, default=0.0, help="0: calibrated")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -154,6 +166,68 @@ def launch(args: argparse.Namespace, folder: Path) -> dict:
     return json.loads((folder / "result.json").read_text())
 
 
+def _trainer_inputs(folder: Path) -> tuple[Path, Path]:
+    """The embedded model, warmed up briefly (it answers and stops: short rollouts), its
+    context raised for long sequences (Qwen2's rotary positions have no table), and data."""
+    from klppo_train.data.datasets import write_parquet
+    from klppo_train.demo.embedded import embedded_model
+    from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
+
+    rows = make_arithmetic_rows(2000, seed=0, template=COMPACT)
+    model = embedded_model(
+        folder / "model", train_rows=rows, warmup_steps=20, target_accuracy=0.25, seed=1
+    )
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 65536}))
+    write_parquet(rows, folder / "train.parquet")
+    return model, folder / "train.parquet"
+
+
+def _one_step(args, folder: Path, name: str, sp: int, limit_gib: float) -> dict:
+    """One PPO step of the embedded default under torchrun (2 ranks), every token budget
+    ``auto``; whether it trained (and the budgets and probe it chose) or the refusal."""
+    model, data = folder / "model", folder / "train.parquet"
+    run = folder / name
+    roles = (("actor", "ppo"), ("critic", "ppo"), ("ref", "log_prob"), ("rollout", "log_prob"))
+    overrides = [
+        str(Path(__file__).resolve().parents[1] / "apps/train/recipes/default.yaml"),
+        f"trainer.run_dir={run}", f"model.path={model}", f"data.train_files=[{data}]",
+        f"data.val_files=[{data}]", "trainer.total_training_steps=1", "trainer.test_freq=0",
+        "trainer.val_before_train=false", "trainer.save_freq=0", "trainer.logger=file",
+        "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
+        "rollout.n=2", "rollout.engine=hf", f"rollout.response_length={args.trainer_response}",
+        "model.share_prompts=false", f"actor.ulysses_sequence_parallel_size={sp}",
+        f"trainer.memory_limit_gib={limit_gib:.3f}",
+        *(f"{role}.{key}_max_token_len_per_gpu=auto" for role, key in roles),
+    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*cmd, "-m", "klppo_train", *overrides], capture_output=True, text=True, env=env
+    )
+    errors = [line for line in done.stderr.splitlines() if "klppo-train: error" in line]
+    trained = (run / "metrics.jsonl").is_file()
+    budgets = json.loads((run / "budgets.json").read_text()) if trained else {}
+    return {"sp": sp, "limit_gib": limit_gib, "trained": trained,
+            "budgets": budgets.get("tokens"), "probe": budgets.get("probe"),
+            "refusal": errors[0] if errors else None}  # fmt: skip
+
+
+def trainer_runs(args: argparse.Namespace, folder: Path) -> list[dict]:
+    """The trainer's probe at sp = 1 and 2 (``--trainer-response``-token responses): a
+    first sp = 1 run under no real limit measures what one full-length sequence needs (the
+    largest role's) and the memory in use; the limit is then set where a rank may add 0.8×
+    that (``--memory-limit-gib`` overrides it), and the step runs at sp = 1 and sp = 2."""
+    _trainer_inputs(folder)
+    limit = args.memory_limit_gib
+    if not limit:
+        probe = _one_step(args, folder, "calibration", 1, 1024.0)["probe"]
+        need = max(role["points"][0]["memory_gib"] for role in probe["roles"].values())
+        memory = probe["memory"]
+        limit = memory["in_use_gib"] + memory["ranks_sharing"] * 0.8 * need
+    return [_one_step(args, folder, f"sp{sp}", sp, limit) for sp in (1, 2)]
+
+
 def print_table(data: dict) -> None:
     m = data["model"]
     print(
@@ -184,8 +258,16 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         data = launch(args, Path(tmp))
+        if args.trainer_response:
+            data["trainer"] = trainer_runs(args, Path(tmp))
     data["wall_s"] = time.perf_counter() - start
     print_table(data)
+    for row in data.get("trainer", []):
+        outcome = f"trained, budgets {row['budgets']}" if row["trained"] else row["refusal"]
+        print(
+            f"trainer, response {args.trainer_response} tokens, memory limit "
+            f"{row['limit_gib']:.2f} GiB, sp={row['sp']}: {outcome}"
+        )
     print(f"wall time {data['wall_s']:.0f} s")
     write_results(data, args.out)
 
