@@ -132,11 +132,12 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def set_data_parallel(group: Any, rank: int, size: int) -> None:
+def set_data_parallel(group: Any, rank: int = 0, size: int = 1) -> None:
     """Data splits, sums and metrics go over ``group`` (this rank is its ``rank``-th of
-    ``size``) rather than the world: see :mod:`klppo_train.runtime.sequence_parallel`."""
+    ``size``) rather than the world (``None``: the world again): see
+    :mod:`klppo_train.runtime.sequence_parallel`."""
     global _DATA_PARALLEL
-    _DATA_PARALLEL = (group, rank, size)
+    _DATA_PARALLEL = None if group is None else (group, rank, size)
 
 
 def dp_size() -> int:

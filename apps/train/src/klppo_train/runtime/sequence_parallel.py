@@ -54,6 +54,7 @@ def sequence_parallel(size: int) -> SequenceParallel:
     for a process group."""
     global _CURRENT
     if size == 1:
+        set_data_parallel(None)  # every rank holds its own data (again, in this process)
         return SequenceParallel()
     default = dist.distributed_c10d._get_default_group()
     if _CURRENT is not None and _CURRENT[0] is default and _CURRENT[1].size == size:
