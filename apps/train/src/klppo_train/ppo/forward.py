@@ -70,19 +70,24 @@ def _logprobs_fn(temperature: float, with_entropy: bool, sp: SequenceParallel) -
         labels, _ = next_token_labels(packing)
         logprobs, entropy = logprobs_and_entropy(logits, labels[0, mine], temperature, with_entropy)
         outputs = (logprobs,) if entropy is None else (logprobs, entropy)
-        return tuple(shard.gather(t, keep) for t in outputs)
+        return tuple(shard.gather(t, local, keep) for t in outputs)
 
     return compute
+
+
+def _scalar_head(model: nn.Module, packing: Packing, at: torch.Tensor, sp) -> torch.Tensor:
+    """A one-label head's outputs ``[K]`` at the row's distinct positions ``at``."""
+    shard = SequenceShard(packing, sp)
+    _, local = shard.split(at)
+    out = model(**shard.model_kwargs()).logits[0, local, 0].float()  # of [1, nnz, 1]
+    FAULTS.micro_batch()  # the OOM test hook (klppo_train.budgets.faults): nothing when unset
+    return shard.gather(out, local, at)
 
 
 def _values_fn(sp: SequenceParallel) -> PackedFn:
     @agreeing
     def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor]:
-        shard = SequenceShard(packing, sp)
-        _, local = shard.split(keep)
-        values = model(**shard.model_kwargs()).logits[0, local, 0].float()  # of [1, nnz, 1]
-        FAULTS.micro_batch()
-        return (shard.gather(values, keep),)
+        return (_scalar_head(model, packing, keep, sp),)
 
     return compute
 
@@ -95,13 +100,9 @@ def _token_scores_fn(sp: SequenceParallel) -> PackedFn:
         # response shorter than T also keeps its last token, whose "next" is padding (masked
         # out): the clamp only keeps the packed row's very last one in bounds, and unique
         # drops the duplicate it makes (a split row's gather scatters each position once).
-        shard = SequenceShard(packing, sp)
         at = (keep + 1).clamp(max=packing.input_ids.shape[1] - 1)
         at, inverse = torch.unique(at, return_inverse=True)
-        _, local = shard.split(at)
-        scores = model(**shard.model_kwargs()).logits[0, local, 0].float()
-        FAULTS.micro_batch()
-        return (shard.gather(scores, at)[inverse],)
+        return (_scalar_head(model, packing, at, sp)[inverse],)
 
     return compute
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from batching import Packing
+from fsdp_sharding.ulysses import gather_sequence, heads_to_seq, repeat_kv_heads, seq_to_heads
 from klppo_train.runtime.process_group import set_data_parallel
 
 log = logging.getLogger("klppo_train")
@@ -99,16 +100,12 @@ class RowSplit:
         """This rank's slice ``[S/sp, heads, D]`` of each → every token of the row in row
         order, for this rank's share of the heads ``[S, heads/sp, D]`` (key/value heads
         repeated first when sp does not divide them)."""
-        from fsdp_sharding.ulysses import repeat_kv_heads, seq_to_heads
-
         sp = dist.get_world_size(self.group)
         k, v = repeat_kv_heads(k, sp), repeat_kv_heads(v, sp)
         return [seq_to_heads(t, self.group)[self.slot] for t in (q, k, v)]
 
     def back_to_slice(self, out: torch.Tensor) -> torch.Tensor:
         """The attention's output ``[S, heads/sp, D]`` → this rank's slice, every head."""
-        from fsdp_sharding.ulysses import heads_to_seq
-
         return heads_to_seq(out[self.order], self.group)
 
 
@@ -132,8 +129,8 @@ class SequenceShard:
 
     ``model_kwargs()`` runs the model on the slice; ``split(positions)`` says which of the
     row's ``positions`` (a ``[K]`` index into the unpadded row) lie in the slice, as row
-    positions and as slice positions; ``gather(values, positions)`` turns values computed
-    at this rank's share of ``positions`` back into ``[K]`` values at all of them."""
+    positions and as slice positions; ``gather(values, local, positions)`` turns values
+    computed at this rank's share of ``positions`` back into ``[K]`` values at all of them."""
 
     def __init__(self, packing: Packing, sp: SequenceParallel) -> None:
         if sp.size > 1 and packing.layout is not None:
@@ -180,13 +177,13 @@ class SequenceShard:
         here = (slots >= self.start) & (slots < self.start + self.length)
         return positions[here], slots[here] - self.start
 
-    def gather(self, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``values`` ``[k]`` at this rank's share of ``positions`` → ``[K]`` at all of them
-        (differentiable: :func:`fsdp_sharding.ulysses.gather_sequence`)."""
+    def gather(
+        self, values: torch.Tensor, local: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """``values`` ``[k]`` at this rank's share of ``positions`` (at slice positions
+        ``local``: :meth:`split`'s) → ``[K]`` at all of them (differentiable:
+        :func:`fsdp_sharding.ulysses.gather_sequence`)."""
         if self.sp.size == 1:
             return values
-        from fsdp_sharding.ulysses import gather_sequence
-
-        _, local = self.split(positions)
         chunk = values.new_zeros(self.length).index_put((local,), values)
         return gather_sequence(chunk, self.sp.group, dim=0)[self.slot[positions]]
