@@ -20,7 +20,7 @@ ALLOWED = {
     "ppo_core": {"torch"},
     "batching": {"torch", "numpy"},
     "fsdp_sharding": {"torch"},
-    "rollout": {"torch", "transformers", "vllm"},
+    "rollout": {"torch", "transformers", "vllm", "safetensors"},
     "klppo_train": {
         "omegaconf",
         "pyarrow",
@@ -30,6 +30,7 @@ ALLOWED = {
         "matplotlib",
         "wandb",  # optional trackers (trainer.logger), imported only when chosen
         "mlflow",
+        "peft",  # optional: model.lora_rank > 0
         "torch",
         "numpy",
         "transformers",

@@ -120,7 +120,8 @@ def _vllm_run(tmp_path: Path) -> list[str]:
 
 def _hf_run(tmp_path: Path) -> list[str]:
     """The other choices: GRPO without a critic, KL in the loss, static micro-batches, a
-    custom reward, epochs instead of steps, an overlong prompt filtered out."""
+    custom reward, epochs instead of steps, an overlong prompt filtered out, LoRA on two
+    of the layers (the reference: the actor without its adapters)."""
     run = tmp_path / "b"
     long = {**make_arithmetic_rows(1, seed=9, template=COMPACT)[0]}
     long["prompt"] = [{"role": "user", "content": "9" * 100}]
@@ -148,6 +149,9 @@ def _hf_run(tmp_path: Path) -> list[str]:
         "actor.entropy_coeff=0.01",
         "actor.use_dynamic_bsz=false",
         "actor.ppo_micro_batch_size_per_gpu=2",
+        "model.lora_rank=4",
+        "model.lora_alpha=8",
+        "model.target_modules=[q_proj,v_proj]",
     ]
 
 

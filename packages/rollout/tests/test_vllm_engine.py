@@ -149,6 +149,54 @@ def test_weight_sync_reaches_the_running_engine(setup) -> None:
     assert_logprobs_match(trainer, fresh, prompts)  # incl. the 200-token prompt
 
 
+def _adapters(model, modules: list[str], rank: int, seed: int) -> dict[str, torch.Tensor]:
+    """peft-named random LoRA factors for ``modules`` of ``model`` (B non-zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for module in modules:
+        weight = model.get_submodule(module).weight
+        prefix = f"base_model.model.{module}"
+        out[f"{prefix}.lora_A.default.weight"] = torch.randn(rank, weight.shape[1], generator=gen)
+        out[f"{prefix}.lora_B.default.weight"] = torch.randn(weight.shape[0], rank, generator=gen)
+    return out
+
+
+def test_adapter_sync_merges_into_the_running_engine(setup) -> None:
+    """Only the adapters are sent; the engine's weights become W + (α/r)·B·A on its own base
+    (q and v of the fused qkv layer, gate of gate_up: partly adapted fused layers stay
+    whole), and its log-probs are those of the model edited by hand."""
+    from rollout import AdapterSync
+
+    _, engine = setup
+    base = tiny_model(tie=True)  # what the engine's directory holds
+    modules = [
+        f"model.layers.{i}.{m}"
+        for i in (0, 1)
+        for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj")
+    ]
+    adapters = _adapters(base, modules, rank=4, seed=3)
+    scaling = 0.5 / 4
+    sync = AdapterSync(lambda: adapters.items(), engine, engine.model_path, scaling)
+    metrics = sync.sync(version=engine.policy_version + 1)
+    assert metrics["rollout/weight_sync_bytes"] == sum(4 * t.numel() for t in adapters.values())
+    edited = tiny_model(tie=True)
+    with torch.no_grad():
+        for module in modules:
+            a = adapters[f"base_model.model.{module}.lora_A.default.weight"]
+            b = adapters[f"base_model.model.{module}.lora_B.default.weight"]
+            edited.get_submodule(module).weight.add_(scaling * b @ a)
+    batch = engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=6, seed=8))
+    assert max_logprob_gap(base, batch, PROMPTS) > 1e-2  # the adapters changed the policy
+    assert_logprobs_match(edited, batch, PROMPTS)
+    zero = {k: torch.zeros_like(v) for k, v in adapters.items()}
+    AdapterSync(lambda: zero.items(), engine, engine.model_path, scaling).sync(
+        version=engine.policy_version + 1
+    )
+    assert_logprobs_match(
+        base, engine.generate(PROMPTS, SamplingConfig(max_new_tokens=6, seed=9)), PROMPTS
+    )
+
+
 def test_without_prefix_cache_reset_the_long_prompt_goes_stale(setup) -> None:
     # Why update_weights resets the cache: reload without reset and the cached blocks of the
     # long prompt still hold keys/values of the old weights.

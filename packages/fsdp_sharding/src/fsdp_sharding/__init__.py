@@ -5,7 +5,8 @@
   :func:`load_optimizer`; activation policies :class:`GradientCheckpointing`,
   :class:`ActivationOffload`
 - :func:`clip_grad_norm`, :func:`iter_full_state_dict` (streamed full weights, HF names)
-- :func:`save_checkpoint`, :func:`load_checkpoint` (DCP, atomic), :func:`export_hf`
+- :func:`save_checkpoint`, :func:`load_checkpoint` (DCP, atomic), :func:`export_hf`,
+  :func:`published_dir` (a directory written by any rank, renamed into place at the end)
 - :func:`write_manifest`, :func:`verify_manifest`: a checkpoint's files, sizes and CRC-32
 - Ulysses sequence parallelism's pieces (:mod:`fsdp_sharding.ulysses`): :func:`ulysses_mesh`,
   :func:`pad_to_multiple`, :func:`sequence_slice`, :func:`seq_to_heads`,
@@ -33,6 +34,7 @@ _EXPORTS = {
     "clip_grad_norm": "grad",
     "default_device": "mesh",
     "export_hf": "checkpoint",
+    "published_dir": "checkpoint",
     "iter_full_state_dict": "state",
     "load_checkpoint": "checkpoint",
     "write_manifest": "manifest",

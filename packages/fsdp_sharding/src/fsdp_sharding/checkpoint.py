@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -68,8 +71,14 @@ def save_checkpoint(
     model: nn.Module,
     optimizer: Optimizer | None = None,
     extra_state: dict[str, Any] | None = None,
+    *,
+    frozen: bool = True,
 ) -> Path:
     """Save model shards, optimizer state and ``extra_state`` on every rank (a collective).
+
+    ``frozen=False`` leaves out the parameters that do not require grad (a LoRA model's
+    base weights, which the model is rebuilt from): the checkpoint holds the adapters and
+    their optimizer state only; load it with the same flag.
 
     ``extra_state`` (trainer step, KL controller, data position, ...) holds plain Python
     values and tensors; rank 0 writes it with ``torch.save`` and it loads with
@@ -84,9 +93,10 @@ def save_checkpoint(
         _remove_stale_tmp_dirs(path)
     _barrier()
     tmp = _shared_tmp_dir(path)
-    state = {"model": get_model_state_dict(model)}
+    options = _options(frozen)
+    state = {"model": get_model_state_dict(model, options=options)}
     if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model, optimizer)
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
     dcp.save(state, checkpoint_id=str(tmp))
     if _is_main():
         torch.save(extra_state or {}, tmp / EXTRA_FILE)
@@ -95,10 +105,19 @@ def save_checkpoint(
     return path
 
 
+def _options(frozen: bool) -> StateDictOptions:
+    return StateDictOptions(ignore_frozen_params=not frozen, strict=frozen)
+
+
 def load_checkpoint(
-    path: str | Path, model: nn.Module, optimizer: Optimizer | None = None
+    path: str | Path,
+    model: nn.Module,
+    optimizer: Optimizer | None = None,
+    *,
+    frozen: bool = True,
 ) -> dict[str, Any]:
-    """Load what :func:`save_checkpoint` wrote into an already sharded model (and optimizer).
+    """Load what :func:`save_checkpoint` wrote into an already sharded model (and optimizer);
+    ``frozen`` as it was saved with.
 
     Returns:
         The ``extra_state`` that was saved.
@@ -106,14 +125,27 @@ def load_checkpoint(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {path}")
-    state = {"model": get_model_state_dict(model)}
+    options = _options(frozen)
+    state = {"model": get_model_state_dict(model, options=options)}
     if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model, optimizer)
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
     dcp.load(state, checkpoint_id=str(path))
-    set_model_state_dict(model, state["model"])
+    set_model_state_dict(model, state["model"], options=options)
     if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, state["optim"])
+        set_optimizer_state_dict(model, optimizer, state["optim"], options=options)
     return torch.load(path / EXTRA_FILE, weights_only=True)
+
+
+@contextmanager
+def published_dir(path: str | Path) -> Iterator[Path]:
+    """A temporary sibling of ``path`` (the same on every rank: a collective) to write into;
+    once every rank leaves the block it replaces ``path`` (an older one there included). A
+    crash inside leaves ``path`` as it was."""
+    path = Path(path)
+    tmp = _shared_tmp_dir(path)
+    yield tmp
+    _barrier()
+    _publish(tmp, path)
 
 
 def export_hf(model: nn.Module, tokenizer, path: str | Path) -> Path | None:
@@ -127,16 +159,14 @@ def export_hf(model: nn.Module, tokenizer, path: str | Path) -> Path | None:
         The directory on rank 0, ``None`` elsewhere.
     """
     path = Path(path)
-    tmp = _shared_tmp_dir(path)
     state = {}
     for name, tensor in iter_full_state_dict(model):
         if _is_main():
             state[name] = tensor.cpu()
-    if _is_main():
-        hf_model = getattr(model, "module", model)  # FSDP1 wraps; FSDP2 is the model itself
-        hf_model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-    _barrier()
-    _publish(tmp, path)
+    with published_dir(path) as tmp:
+        if _is_main():
+            hf_model = getattr(model, "module", model)  # FSDP1 wraps; FSDP2 is the model itself
+            hf_model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(tmp))
     return path if _is_main() else None

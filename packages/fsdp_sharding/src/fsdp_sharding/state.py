@@ -19,14 +19,18 @@ from fsdp_sharding.activations import clean_name
 
 
 def _fsdp2_stream(
-    model: nn.Module, dtype: torch.dtype | None
+    model: nn.Module, dtype: torch.dtype | None, trainable_only: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for name, param in model.named_parameters():
+        if trainable_only and not param.requires_grad:
+            continue
         full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
         yield clean_name(name), full.to(dtype) if dtype is not None else full
 
 
-def _fsdp1_stream(model: FSDP, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+def _fsdp1_stream(
+    model: FSDP, dtype: torch.dtype | None, trainable_only: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
     # One unit at a time: summon_full_params(recurse=False) gathers only that unit's
     # flat parameter, so the extra memory is one unit. Parameters of nested units are
     # still sharded inside it and are streamed when their own unit comes.
@@ -37,7 +41,7 @@ def _fsdp1_stream(model: FSDP, dtype: torch.dtype | None) -> Iterator[tuple[str,
         prefix = _prefix_of(model, unit)
         with FSDP.summon_full_params(unit, recurse=False, writeback=False):
             for name, param in unit.named_parameters(remove_duplicate=True):
-                if id(param) in nested:
+                if id(param) in nested or (trainable_only and not param.requires_grad):
                     continue
                 full = param.detach().clone()
                 yield clean_name(prefix + name), full.to(dtype) if dtype is not None else full
@@ -51,19 +55,21 @@ def _prefix_of(root: nn.Module, unit: nn.Module) -> str:
 
 
 def iter_full_state_dict(
-    model: nn.Module, *, dtype: torch.dtype | None = None
+    model: nn.Module, *, dtype: torch.dtype | None = None, trainable_only: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full_tensor)`` for every parameter, one at a time, on every rank.
 
     Args:
         model: a model returned by ``shard_model`` (FSDP2 or FSDP1), or a plain module.
         dtype: cast each full tensor (e.g. bf16 for a bf16 rollout engine).
+        trainable_only: only parameters that require grad (a LoRA model's adapters: the
+            frozen base is never gathered).
 
     Yields:
         Parameter names as the unwrapped HF model names them, and full tensors on the
         parameter's device. Tied weights appear once.
     """
     if isinstance(model, FSDP):
-        yield from _fsdp1_stream(model, dtype)
+        yield from _fsdp1_stream(model, dtype, trainable_only)
     else:
-        yield from _fsdp2_stream(model, dtype)
+        yield from _fsdp2_stream(model, dtype, trainable_only)

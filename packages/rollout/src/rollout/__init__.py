@@ -4,6 +4,8 @@
 - :class:`HFEngine` (+ :class:`HFEngineConfig`): transformers ``generate``
 - :class:`VLLMEngine` (+ :class:`VLLMConfig`): vLLM, imported only when constructed
 - :class:`WeightSync`, :func:`logprob_mismatch`; :func:`left_pad` (prompts as ``[B, P]`` tensors)
+- LoRA: :class:`AdapterSync` (only the adapters sent, merged into the engine's base weights),
+  :class:`BaseWeights`, :func:`merged_weights`, :func:`adapter_module`
 """
 
 from importlib import import_module
@@ -17,6 +19,11 @@ except PackageNotFoundError:  # a source tree that was never installed
 # name → the submodule that defines it, imported on first use (PEP 562): a caller that
 # needs one torch-free name (a config check) does not pay for torch.
 _EXPORTS = {
+    "AdapterSync": "lora",
+    "BaseWeights": "lora",
+    "adapter_module": "lora",
+    "adapter_pairs": "lora",
+    "merged_weights": "lora",
     "HFEngine": "hf_engine",
     "HFEngineConfig": "config",
     "RolloutBatch": "types",

@@ -254,6 +254,19 @@ def _check_heads(cfg: AppConfig) -> None:
             )
 
 
+def _check_lora_targets(cfg: AppConfig) -> None:
+    """``model.target_modules`` must name layers of the policy (its config.json, built on
+    the meta device; the embedded model, not built yet, has the usual Llama names)."""
+    policy = Path(cfg.model.path or Path(cfg.trainer.run_dir) / "model").expanduser()
+    if not cfg.model.lora_rank or not (policy / "config.json").is_file():
+        return
+    from klppo_train.runtime.lora import check_targets, lora_of  # torch: a LoRA run only
+
+    lora = lora_of(cfg.model)
+    with user_errors(f"model.target_modules={list(lora.target_modules)}: "):
+        check_targets(lora, policy)
+
+
 def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
     """All checks, in order: config (unless the caller ran :func:`validate_config` and
     passes its ``advice``), model directory + tokenizer, data, rewards."""
@@ -262,4 +275,5 @@ def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = No
     rewards = _rewards(cfg, {"train_files": train, "val_files": val})
     rm_tokenizer = _reward_model_checks(cfg, tokenizer)
     _check_heads(cfg)
+    _check_lora_targets(cfg)
     return Checked(advice, tokenizer, train, val, rewards, rm_tokenizer)

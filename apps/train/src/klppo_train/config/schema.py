@@ -53,6 +53,17 @@ class ModelConfig:
     warmup_target_accuracy: float = 0.25
     """Embedded model only: the warm-up stops once greedy accuracy on training rows reaches
     this."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on the actor's target_modules (0: full fine-tuning). Only
+    the adapters train (fp32, with their AdamW state); the frozen base is stored in the
+    compute dtype; the reference is the actor with its adapters off (no second copy);
+    checkpoints hold the adapters; the weight sync sends only them (merged into the
+    engine's base weights: rollout.AdapterSync). Needs peft (klppo-train[lora])."""
+    lora_alpha: float = 16.0
+    """LoRA's α: the adapters' product B·A is scaled by lora_alpha / lora_rank."""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """The actor's modules that get adapters (peft's target_modules: linear layers' names,
+    e.g. [q_proj, v_proj], or all-linear: every linear layer but the output head)."""
     compile: bool = False
     """torch.compile the elementwise-heavy blocks (every *MLP and *RMSNorm module) of actor,
     critic and reference, and (bf16 on CPU) their packed attention of short sequences: one
@@ -412,7 +423,8 @@ class AppConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
-PATH_LISTS = ("data.train_files", "data.val_files")
+# keys of lists that also take a single string (verl's `data.train_files=/path/train.parquet`)
+PATH_LISTS = ("data.train_files", "data.val_files", "model.target_modules")
 
 
 def section_type(cls: type, name: str) -> type | None:

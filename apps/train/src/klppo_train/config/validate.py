@@ -6,6 +6,7 @@ advice) for the caller to log.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from batching import check_token_budgets
@@ -92,6 +93,7 @@ NON_NEGATIVE = {
     "algorithm.kl_ctrl.kl_coef": ">= 0",
     "rollout.val_temperature": ">= 0",
     "model.warmup_steps": ">= 0",
+    "model.lora_rank": ">= 0 (0 = full fine-tuning)",
     "trainer.total_training_steps": ">= 0 (0 = epochs)",
     "trainer.test_freq": ">= 0",
     "trainer.save_freq": ">= 0",
@@ -116,6 +118,7 @@ POSITIVE = (
     "algorithm.kl_ctrl.target_kl",
     "algorithm.kl_ctrl.horizon",
     "reward_training.lr",
+    "model.lora_alpha",
 )
 FLIPS = "> 0 (a negative norm flips the gradient)"
 
@@ -443,6 +446,31 @@ def _check_val_only(cfg: AppConfig) -> None:
         )
 
 
+def _check_lora(cfg: AppConfig) -> None:
+    """LoRA needs peft, a target, and the PPO task (the reward model trains in full)."""
+    model = cfg.model
+    if not model.lora_rank:
+        return
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError(
+            f"model.lora_rank={model.lora_rank} needs peft: pip install 'klppo-train[lora]' "
+            "(or uv sync --extra lora)"
+        )
+    if not model.target_modules:
+        raise ValueError("model.target_modules is empty: name the adapted layers, or all-linear")
+    if cfg.actor.fsdp.strategy != "fsdp2":
+        raise ValueError(
+            "model.lora_rank needs actor.fsdp.strategy=fsdp2: FSDP1 flattens a unit into one "
+            "dtype (no bf16 base beside fp32 adapters) and its state-dict hooks fail on "
+            "peft's layers (torch 2.13)"
+        )
+    if cfg.trainer.task == "reward_model":
+        raise ValueError(
+            "model.lora_rank applies to the PPO actor; trainer.task=reward_model trains the "
+            "whole reward model: set model.lora_rank=0"
+        )
+
+
 def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     """Raise ``ValueError`` naming the key(s) of the first problem; return advice to log."""
     _check_ranges(config)
@@ -453,6 +481,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_compiler(config.model)
     check_allocator(config.trainer.allocator)
     check_loggers(config.trainer.logger)
+    _check_lora(config)
     if config.trainer.val_only:
         _check_val_only(config)
     if config.trainer.task == "reward_model":

@@ -20,6 +20,9 @@ from typing import Any
 # Most specific first: the first matching rule wins.
 ALIASES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.model.path": ("model.path",),
+    "actor_rollout_ref.model.lora_rank": ("model.lora_rank",),
+    "actor_rollout_ref.model.lora_alpha": ("model.lora_alpha",),
+    "actor_rollout_ref.model.target_modules": ("model.target_modules",),
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("actor.fsdp.gradient_checkpointing",),
     "actor_rollout_ref.actor.optim.lr": ("actor.lr",),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": ("actor.lr_warmup_steps",),

@@ -7,7 +7,9 @@ a config key up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -65,9 +67,10 @@ class Components:
     values: ForwardPass | None = None
     critic: Trainee | None = None
     reward_model: RewardModelReward | None = None
-    actor_params: int = 0  # of the full (unsharded) actor: the step's FLOP estimate
+    update_flops_per_token: float = 0.0  # the actor update's: 6 per trained parameter, 4 per frozen
     budgets: RunBudgets | None = None
     rollout_stats: RolloutStats | None = None  # vLLM's counters per step (log stats on)
+    export_actor: Callable[[Path], Any] | None = None  # run_dir → the final HF export(s)
 
     def trainees(self) -> list[Trainee]:
         return [t for t in (self.actor, self.critic) if t is not None]

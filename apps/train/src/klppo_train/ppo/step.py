@@ -187,7 +187,8 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
     with timed("wake_up"):  # 9
         c.engine.wake_up()
     with timed("update_weights"):  # 10
-        c.weight_sync.sync(version=step)
+        synced = c.weight_sync.sync(version=step)
+    metrics["rollout/weight_sync_bytes"] = synced["rollout/weight_sync_bytes"]
     metrics.update(_step_metrics(t, scores))  # 11
     metrics.update(c.rewards.metrics(reset=True))
     metrics.update(balance)
@@ -202,15 +203,15 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
 
 def _perf_metrics(c: Components, t: Trajectories, timed: Timings) -> dict[str, float]:
     """verl's ``perf/throughput`` (prompt + response tokens per second per device), the actor
-    update's achieved TFLOP/s (6 · params · tokens · epochs, attention not counted, every
-    sample's prompt counted: with ``model.share_prompts`` fewer tokens ran; divide by the
-    device's peak for MFU) and peak memory (CUDA: allocated/reserved this step; CPU: the
-    process's peak RSS so far)."""
+    update's achieved TFLOP/s (6 per trained parameter, 4 per frozen one, × tokens × epochs;
+    attention not counted; every sample's prompt counted: with ``model.share_prompts`` fewer
+    tokens ran; divide by the device's peak for MFU) and peak memory (CUDA: allocated/reserved
+    this step; CPU: the process's peak RSS so far)."""
     tokens = float(t.attention_mask.sum())
     out = {"perf/throughput": tokens / timed["timing_s/step"]}
     update = timed.get("timing_s/update_actor")
-    if update and c.actor_params:
-        flops = 6 * c.actor_params * tokens * c.actor.epochs
+    if update and c.update_flops_per_token:
+        flops = c.update_flops_per_token * tokens * c.actor.epochs
         out["perf/actor_update_tflops"] = flops / update / 1e12
     if default_device().type == "cuda":
         out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30

@@ -48,6 +48,8 @@ class Trainee:
     grad_clip: the gradient norm's bound.
     offload_optimizer: the optimizer state lives on CPU except during its step.
     share_prompts: a prompt's samples stay in one micro-batch and its prefix counts once.
+    saves_frozen: checkpoints hold the frozen parameters too (false for a LoRA actor: its
+        base is rebuilt from the model directory, the checkpoint holds the adapters).
     """
 
     name: str
@@ -61,15 +63,18 @@ class Trainee:
     grad_clip: float = 1.0
     offload_optimizer: bool = False
     share_prompts: bool = False
+    saves_frozen: bool = True
 
     def save(self, path: Path, extra_state: dict[str, Any] | None = None) -> None:
         """Model shards and optimizer state into ``path`` (a collective), with
         ``extra_state`` (:func:`fsdp_sharding.save_checkpoint`)."""
-        save_checkpoint(path, self.model, self.optimizer, extra_state=extra_state)
+        save_checkpoint(
+            path, self.model, self.optimizer, extra_state=extra_state, frozen=self.saves_frozen
+        )
 
     def load(self, path: Path) -> dict[str, Any]:
         """What :meth:`save` wrote; returns its ``extra_state``."""
-        return load_checkpoint(path, self.model, self.optimizer)
+        return load_checkpoint(path, self.model, self.optimizer, frozen=self.saves_frozen)
 
     def accumulate(
         self, batch: Trajectories, max_tokens: int, filler: Trajectories | None = None

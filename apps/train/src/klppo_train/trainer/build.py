@@ -20,7 +20,13 @@ from transformers import (
 )
 
 from batching import compiled_group_attention
-from fsdp_sharding import ShardingConfig, default_device, iter_full_state_dict, shard_model
+from fsdp_sharding import (
+    ShardingConfig,
+    default_device,
+    export_hf,
+    iter_full_state_dict,
+    shard_model,
+)
 from klppo_train.config.schema import AppConfig
 from klppo_train.config.validate import sequence_parallel_size
 from klppo_train.data import sources
@@ -30,10 +36,11 @@ from klppo_train.ppo.components import Components
 from klppo_train.reward_model.export import scalar_head_config
 from klppo_train.reward_model.hf_dir import is_reward_model_dir
 from klppo_train.runtime.engine import build_engine
+from klppo_train.runtime.lora import Lora, WithoutAdapters, export_lora, lora_of
 from klppo_train.runtime.packed_attention import GROUP_ATTENTION, packed_attention_implementation
 from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding
 from klppo_train.trainer.assemble import StepBuilder
-from rollout import WeightSync
+from rollout import AdapterSync, WeightSync
 
 log = logging.getLogger("klppo_train")
 
@@ -127,12 +134,41 @@ def _critic(cfg: AppConfig, model_dir: Path, compute: Precision):
     return _sharded(critic, cfg.critic.fsdp, compute)
 
 
-def _reference(cfg: AppConfig, model_dir: Path, compute: Precision):
+def _actor(cfg: AppConfig, model_dir: Path, compute: Precision, lora: Lora | None):
+    """The sharded policy -- fp32 master weights, or (LoRA) the frozen base in the role's
+    parameter dtype with fp32 adapters -- and its update's FLOPs per token."""
+    sharding = role_sharding(cfg.actor.fsdp, compute.dtype)
+    if lora is None:
+        model = _load(cfg, AutoModelForCausalLM, model_dir, torch.float32)
+        return shard_model(model, sharding), _update_flops_per_token(model)
+    dtype = sharding.mixed_precision.param
+    base = _load(cfg, AutoModelForCausalLM, model_dir, dtype)
+    model = lora.apply(base.requires_grad_(False))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info(
+        "LoRA: rank %d, alpha %g on %s: %.2fM trained parameters of %.1fM, base in %s",
+        lora.rank, lora.alpha, ",".join(lora.target_modules), trained / 1e6,
+        sum(p.numel() for p in model.parameters()) / 1e6, dtype,
+    )  # fmt: skip
+    return shard_model(model, sharding), _update_flops_per_token(model)
+
+
+def _update_flops_per_token(model) -> float:
+    """The actor update's FLOPs per token: 6 per trained parameter (forward, input and
+    weight gradients), 4 per frozen one (no weight gradient)."""
+    return float(sum((6 if p.requires_grad else 4) * p.numel() for p in model.parameters()))
+
+
+def _reference(cfg: AppConfig, model_dir: Path, compute: Precision, actor, lora: Lora | None):
     """The frozen reference, stored in the compute dtype (it has no master weights to keep);
-    ``None`` when neither KL path (in reward, in loss) reads it."""
+    with LoRA the actor itself with its adapters off; ``None`` when neither KL path (in
+    reward, in loss) reads it."""
     if not (cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss):
         log.info("no reference model: algorithm.use_kl_in_reward and actor.use_kl_loss are off")
         return None
+    if lora is not None:
+        log.info("reference: the actor with its LoRA adapters off (no second copy)")
+        return WithoutAdapters(actor)
     sharding = role_sharding(cfg.ref.fsdp, compute.dtype)
     ref = _load(cfg, AutoModelForCausalLM, model_dir, sharding.mixed_precision.param).eval()
     ref.requires_grad_(False)
@@ -160,17 +196,33 @@ def build_components(
     """Every component of the run around the checked tokenizers (the policy's, the reward
     model's) and reward manager; a collective (sharding, engine start)."""
     compute = resolve_precision(cfg.model.dtype, default_device())
-    actor = _load(cfg, AutoModelForCausalLM, model_dir, torch.float32)  # fp32 master weights
-    actor_params = sum(p.numel() for p in actor.parameters())
-    actor = _sharded(actor, cfg.actor.fsdp, compute)
-    ref = _reference(cfg, model_dir, compute)
+    lora = lora_of(cfg.model)
+    actor, flops = _actor(cfg, model_dir, compute, lora)
+    ref = _reference(cfg, model_dir, compute, actor, lora)
     critic = _critic(cfg, model_dir, compute) if cfg.critic.enable else None
     reward_model = _reward_model(cfg, compute)
     engine = build_engine(cfg, model_dir, tokenizer, compute)
-    # Cast while streaming: the engine holds the compute dtype (half the bytes in bf16).
-    sync = WeightSync(lambda: iter_full_state_dict(actor), engine, dtype=compute.dtype)
+    sync = _weight_sync(actor, engine, model_dir, compute, lora)
     return StepBuilder(cfg).components(
-        actor=actor, engine=engine, weight_sync=sync, tokenizer=tokenizer,
-        rewards=rewards, ref=ref, critic=critic, reward_model=reward_model,
-        rm_tokenizer=rm_tokenizer, actor_params=actor_params,
+        actor=actor, engine=engine, weight_sync=sync,
+        tokenizer=tokenizer, rewards=rewards, ref=ref, critic=critic, reward_model=reward_model,
+        rm_tokenizer=rm_tokenizer, update_flops_per_token=flops,
+        export_actor=_actor_export(actor, tokenizer, model_dir, lora),
     )  # fmt: skip
+
+
+def _actor_export(actor, tokenizer, model_dir: Path, lora: Lora | None):
+    """run_dir → ``actor_hf`` (streamed full weights), with LoRA the merged model and the
+    peft adapter (``actor_lora``)."""
+    if lora is None:
+        return lambda run_dir: export_hf(actor, tokenizer, run_dir / "actor_hf")
+    return lambda run_dir: export_lora(actor, lora, model_dir, tokenizer, run_dir)
+
+
+def _weight_sync(actor, engine, model_dir: Path, compute: Precision, lora: Lora | None):
+    """Cast while streaming: the engine holds the compute dtype (half the bytes in bf16).
+    With LoRA only the adapters are gathered and sent, merged into the engine's base."""
+    if lora is None:
+        return WeightSync(lambda: iter_full_state_dict(actor), engine, dtype=compute.dtype)
+    adapters = lambda: iter_full_state_dict(actor, trainable_only=True)  # noqa: E731
+    return AdapterSync(adapters, engine, model_dir, lora.scaling, dtype=compute.dtype)

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM
 
-from fsdp_sharding import default_device, iter_full_state_dict, load_checkpoint
+from fsdp_sharding import default_device, load_checkpoint
 from klppo_train.budgets.roles import AUTO, longest_sequence
 from klppo_train.budgets.run_budgets import RunBudgets, configured, resolve_budgets
 from klppo_train.config.preflight import Checked
@@ -33,14 +31,14 @@ from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.components import StepPlan
 from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.runtime.engine import build_engine
+from klppo_train.runtime.lora import lora_of
 from klppo_train.runtime.precision import Precision, resolve_precision
 from klppo_train.runtime.process_group import init_distributed, is_main
 from klppo_train.tracking.metrics_log import MetricsLog, Tracking
 from klppo_train.trainer.assemble import StepBuilder
-from klppo_train.trainer.build import _load, _reward_model, _sharded
+from klppo_train.trainer.build import _actor, _reward_model, _weight_sync
 from klppo_train.trainer.run import NORMALIZATION_FILE, finish, prepare_run_dir
 from klppo_train.trainer.validation import validate
-from rollout import WeightSync
 
 log = logging.getLogger("klppo_train")
 VAL_ONLY_DIR = "val_only"  # under trainer.run_dir
@@ -114,11 +112,12 @@ def _checkpoint_into(engine, cfg: AppConfig, model_dir: Path, compute: Precision
     if cfg.trainer.resume_mode in ("auto", "disable"):
         return 0, {}
     path = Path(cfg.trainer.resume_mode).expanduser()
-    actor = _load(cfg, AutoModelForCausalLM, model_dir, torch.float32)
-    actor = _sharded(actor, cfg.actor.fsdp, compute)
-    extra = load_checkpoint(path / "actor", actor)  # the model only, not the optimizer
+    lora = lora_of(cfg.model)  # a LoRA run's checkpoint holds the adapters
+    actor, _ = _actor(cfg, model_dir, compute, lora)
+    # the model only, not the optimizer
+    extra = load_checkpoint(path / "actor", actor, frozen=lora is None)
     step = int(extra["step"])
-    WeightSync(lambda: iter_full_state_dict(actor), engine, dtype=compute.dtype).sync(version=step)
+    _weight_sync(actor, engine, model_dir, compute, lora).sync(version=step)
     log.info("val_only: the actor of %s (step %d)", path, step)
     return step, extra
 

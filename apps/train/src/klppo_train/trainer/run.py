@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fsdp_sharding import export_hf
 from klppo_train.budgets.probe import choose_budgets
 from klppo_train.budgets.run_budgets import BUDGETS_FILE
 from klppo_train.cli import launch_world_size
@@ -183,8 +182,8 @@ def _steps(
                 raise Preempted(step, preemption.signal_name)
     finally:
         metrics_log.close()
-    if last == steps:
-        export_hf(c.actor.model, c.tokenizer, run_dir / "actor_hf")
+    if last == steps and c.export_actor is not None:
+        c.export_actor(run_dir)
     return metrics_log
 
 
