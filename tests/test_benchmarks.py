@@ -55,20 +55,24 @@ def test_work_floor_counts_the_matmuls_the_trainer_runs(
 
 @pytest.mark.slow
 def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None:
-    """One bf16 step of the real SmolLM2 trainer run (the model is converted once, cached)."""
+    """One bf16 LoRA step of the real SmolLM2 trainer run (the model is converted once,
+    cached): the row runs, its floors count no weight gradients, the sync sends adapters."""
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "ppo_step_bench.py"), "--out", str(out)]
-    cmd += ["--settings", "2x2x4", "--steps", "1", "--rows", "bf16", "--skip-forward"]
+    cmd += ["--settings", "2x2x4", "--steps", "1", "--rows", "bf16+lora8", "--skip-forward"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     (row,) = json.loads(out.read_text())["steps"]
-    assert row["row"] == "bf16" and row["setting"] == "2x2x4"
+    assert row["row"] == "bf16+lora8" and row["setting"] == "2x2x4"
+    # rank 8 on SmolLM2's linear layers: per layer 8·Σ(in + out) over q, k, v, o (576→576,
+    # 576→192 twice, 576→576) and gate, up, down (576↔1536) = 8 · 10176; 30 layers; bf16
+    assert row["sync_mb"] == pytest.approx(2 * 8 * 10176 * 30 / 1e6)
     assert row["step_s"] > 0 and row["floor_s"] > 0 and row["step_over_floor"] > 1
     # prompts shared and logits only where kept: less work than the step floor counts
     assert 0 < row["work_floor_s"] < row["floor_s"]
     assert row["step_over_work_floor"] == pytest.approx(row["step_s"] / row["work_floor_s"])
     assert 0 < row["peak_rss_gb"] < 24
-    assert "| 2x2x4 | bf16 |" in run.stdout
+    assert "| 2x2x4 | bf16+lora8 |" in run.stdout
 
 
 @pytest.mark.slow

@@ -87,7 +87,7 @@ def _vllm_run(tmp_path: Path) -> list[str]:
     """The embedded default's choices: GAE + critic, adaptive KL in the reward, budgets
     (one of them ``auto``: probed, which reads ``trainer.memory_limit_gib``); a reward model
     (trained first by :func:`_reward_model_recipe`) scoring (normalized on the reference's
-    samples, combined with the rule) and starting the critic."""
+    samples, combined with the rule) and starting the critic (LoRA on its backbone)."""
     run = tmp_path / "a"
     rm = tmp_path / "rm_served"  # missing: the recipe trains it, its export is copied here
     return [
@@ -115,6 +115,8 @@ def _vllm_run(tmp_path: Path) -> list[str]:
         "ref.log_prob_max_token_len_per_gpu=auto",
         "critic.use_dynamic_bsz=false",  # read only in static mode
         "critic.ppo_micro_batch_size_per_gpu=8",
+        "critic.lora_rank=4",  # LoRA on the reward model's backbone, its head in full
+        "critic.lora_alpha=8",
     ]
 
 

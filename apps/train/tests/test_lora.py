@@ -73,6 +73,22 @@ def test_the_reference_is_the_base_model_with_adapters_off() -> None:
     assert peft.training  # nothing done to the reference reaches the actor
 
 
+def test_a_critic_trains_adapters_and_its_value_head() -> None:
+    from transformers import AutoModelForTokenClassification
+
+    base = _base()
+    config = copy.deepcopy(base.config)
+    config.num_labels = 1
+    critic = AutoModelForTokenClassification.from_config(config).to(torch.bfloat16)
+    peft = Lora(4, 8.0, ("all-linear",), trained=("score",)).apply(critic)
+    trained = {n: p for n, p in peft.named_parameters() if p.requires_grad}
+    heads = {n for n in trained if "lora_" not in n}
+    assert heads == {"base_model.model.score.weight", "base_model.model.score.bias"}
+    assert all(p.dtype == torch.float32 for p in trained.values())
+    frozen = [p for p in peft.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+
+
 @pytest.mark.parametrize("targets", [("all-linear",), QV])
 def test_the_merge_equals_peft_merge_and_unload(tmp_path: Path, targets) -> None:
     base = _base()
@@ -81,7 +97,8 @@ def test_the_merge_equals_peft_merge_and_unload(tmp_path: Path, targets) -> None
     peft = lora.apply(copy.deepcopy(base))
     _randomize_b(peft)
     adapters = {n: p.detach() for n, p in peft.named_parameters() if p.requires_grad}
-    merged = dict(merged_weights(adapter_pairs(adapters.items()), BaseWeights(tmp_path), 2.0))
+    pairs = adapter_pairs(adapters.items())
+    merged = dict(merged_weights(pairs, BaseWeights(tmp_path), lora.scaling))  # α/r = 2
     want = peft.merge_and_unload().state_dict()
     assert set(merged) <= set(want) and len(merged) == len(
         load_file(tmp_path / "model.safetensors")
@@ -169,16 +186,18 @@ def _run_cli(args: list[str]) -> None:
 
 @pytest.mark.slow  # two short runs with vLLM (~1.5 min)
 def test_a_lora_run_syncs_checkpoints_and_exports_only_adapters(tmp_path: Path) -> None:
-    """3 steps with vLLM, q/v adapters: the engine's log-probs are the trainer's after each
-    sync while the policy moved away from the reference; the sync sent the adapters' bytes;
-    the checkpoints hold the adapters only; the exports (merged model, peft adapter) agree;
+    """3 steps with vLLM, q/v adapters on the actor, all-linear on the critic: the engine's
+    log-probs are the trainer's after each sync while the policy moved away from the
+    reference; the sync sent the adapters' bytes; the checkpoints hold the adapters only
+    (and the critic's head); the exports (merged model, peft adapter) agree;
     step 2's checkpoint resumed gives step 3 bit-identical."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     straight = tmp_path / "straight"
     qv = "model.target_modules=[q_proj,v_proj]"
-    args = _recipe(straight, "trainer.save_freq=1", qv, engine="vllm", steps=3)
+    critic = "critic.lora_rank=8"
+    args = _recipe(straight, "trainer.save_freq=1", qv, critic, engine="vllm", steps=3)
     _run_cli(args)
     records = read_records(straight)
     adapter = load_file(straight / "actor_lora" / "adapter_model.safetensors")
@@ -189,9 +208,10 @@ def test_a_lora_run_syncs_checkpoints_and_exports_only_adapters(tmp_path: Path) 
         assert r["rollout/weight_sync_bytes"] == adapter_bytes
     # ... which moved the policy: KL(π‖π_ref) ~ ½E[Δ²] puts the base's log-probs ~1e-2 away
     assert records[3]["actor/kl_loss"] > 1e-5
-    reader = FileSystemReader(straight / "checkpoints/global_step_3/actor")
-    saved = [k for k in reader.read_metadata().state_dict_metadata if k.startswith("model.")]
-    assert saved and all(".lora_" in k for k in saved)
+    for role, head in (("actor", ()), ("critic", ("score.weight", "score.bias"))):
+        reader = FileSystemReader(straight / f"checkpoints/global_step_3/{role}")
+        saved = [k for k in reader.read_metadata().state_dict_metadata if k.startswith("model.")]
+        assert saved and all(".lora_" in k or k.endswith(head) for k in saved), role
     # the two exports are the same policy
     ids = torch.randint(3, 40, (2, 24))
     merged = AutoModelForCausalLM.from_pretrained(straight / "actor_hf", dtype=torch.float32)
@@ -204,7 +224,7 @@ def test_a_lora_run_syncs_checkpoints_and_exports_only_adapters(tmp_path: Path) 
     shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("actor_*", "global_step_3"))
     lines = (resumed / "metrics.jsonl").read_text().splitlines()[:3]
     (resumed / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    _run_cli(_recipe(resumed, "trainer.save_freq=1", qv, engine="vllm", steps=3))
+    _run_cli(_recipe(resumed, "trainer.save_freq=1", qv, critic, engine="vllm", steps=3))
     again = read_records(resumed)[3]
     keep = [k for k in again if not k.startswith(("timing_s/", "perf/"))]
     assert {k: again[k] for k in keep} == {k: records[3][k] for k in keep}

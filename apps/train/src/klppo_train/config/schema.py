@@ -180,6 +180,14 @@ class CriticConfig:
     ulysses_sequence_parallel_size: int | None = None
     """None = actor.ulysses_sequence_parallel_size; another value is refused (one size for
     the run)."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on the critic's backbone (0: full fine-tuning); its value
+    head trains in full. As model.lora_rank: frozen base in the compute dtype, fp32
+    adapters, checkpoints of the trained parameters only. verl: critic.model.lora_rank."""
+    lora_alpha: float = 16.0
+    """LoRA's α of the critic's adapters (scaled by lora_alpha / lora_rank)."""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """The critic backbone's modules that get adapters (as model.target_modules)."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
     """How the critic is sharded (fsdp_sharding.ShardingConfig)."""
 
@@ -424,7 +432,12 @@ class AppConfig:
 
 
 # keys of lists that also take a single string (verl's `data.train_files=/path/train.parquet`)
-PATH_LISTS = ("data.train_files", "data.val_files", "model.target_modules")
+PATH_LISTS = (
+    "data.train_files",
+    "data.val_files",
+    "model.target_modules",
+    "critic.target_modules",
+)
 
 
 def section_type(cls: type, name: str) -> type | None:

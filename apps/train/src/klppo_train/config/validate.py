@@ -94,6 +94,7 @@ NON_NEGATIVE = {
     "rollout.val_temperature": ">= 0",
     "model.warmup_steps": ">= 0",
     "model.lora_rank": ">= 0 (0 = full fine-tuning)",
+    "critic.lora_rank": ">= 0 (0 = full fine-tuning)",
     "trainer.total_training_steps": ">= 0 (0 = epochs)",
     "trainer.test_freq": ">= 0",
     "trainer.save_freq": ">= 0",
@@ -119,6 +120,7 @@ POSITIVE = (
     "algorithm.kl_ctrl.horizon",
     "reward_training.lr",
     "model.lora_alpha",
+    "critic.lora_alpha",
 )
 FLIPS = "> 0 (a negative norm flips the gradient)"
 
@@ -447,27 +449,35 @@ def _check_val_only(cfg: AppConfig) -> None:
 
 
 def _check_lora(cfg: AppConfig) -> None:
-    """LoRA needs peft, a target, and the PPO task (the reward model trains in full)."""
-    model = cfg.model
-    if not model.lora_rank:
-        return
+    """LoRA (actor, critic) needs peft, a target, FSDP2, and the PPO task (the reward
+    model trains in full)."""
+    for key, section, fsdp in (
+        ("model", cfg.model, cfg.actor.fsdp),
+        ("critic", cfg.critic, cfg.critic.fsdp),
+    ):
+        if section.lora_rank:
+            _check_lora_section(cfg, key, section, fsdp)
+
+
+def _check_lora_section(cfg: AppConfig, key: str, section, fsdp) -> None:
+    role = "actor" if key == "model" else "critic"
     if importlib.util.find_spec("peft") is None:
         raise ValueError(
-            f"model.lora_rank={model.lora_rank} needs peft: pip install 'klppo-train[lora]' "
+            f"{key}.lora_rank={section.lora_rank} needs peft: pip install 'klppo-train[lora]' "
             "(or uv sync --extra lora)"
         )
-    if not model.target_modules:
-        raise ValueError("model.target_modules is empty: name the adapted layers, or all-linear")
-    if cfg.actor.fsdp.strategy != "fsdp2":
+    if not section.target_modules:
+        raise ValueError(f"{key}.target_modules is empty: name the adapted layers, or all-linear")
+    if fsdp.strategy != "fsdp2":
         raise ValueError(
-            "model.lora_rank needs actor.fsdp.strategy=fsdp2: FSDP1 flattens a unit into one "
+            f"{key}.lora_rank needs {role}.fsdp.strategy=fsdp2: FSDP1 flattens a unit into one "
             "dtype (no bf16 base beside fp32 adapters) and its state-dict hooks fail on "
             "peft's layers (torch 2.13)"
         )
     if cfg.trainer.task == "reward_model":
         raise ValueError(
-            "model.lora_rank applies to the PPO actor; trainer.task=reward_model trains the "
-            "whole reward model: set model.lora_rank=0"
+            f"{key}.lora_rank applies to the PPO {role}; trainer.task=reward_model trains the "
+            f"whole reward model: set {key}.lora_rank=0"
         )
 
 

@@ -24,12 +24,14 @@ ADAPTER_DIR = "actor_lora"
 
 @dataclass(frozen=True)
 class Lora:
-    """The actor's adapters: ``rank`` r, ``alpha`` α (the update is ``(α/r)·B·A``) and the
-    ``target_modules`` (peft's names; ``all-linear``: every linear layer but the head)."""
+    """A model's adapters: ``rank`` r, ``alpha`` α (the update is ``(α/r)·B·A``), the
+    ``target_modules`` (peft's names; ``all-linear``: every linear layer but the LM head)
+    and the modules ``trained`` in full instead (a critic's value head)."""
 
     rank: int
     alpha: float
     target_modules: tuple[str, ...]
+    trained: tuple[str, ...] = ()
 
     @property
     def scaling(self) -> float:
@@ -45,24 +47,29 @@ class Lora:
             target_modules="all-linear" if targets == ("all-linear",) else list(targets),
             lora_dropout=0.0,
             bias="none",
+            exclude_modules=list(self.trained) or None,
         )
 
     def apply(self, model: nn.Module) -> nn.Module:
-        """``model`` (frozen as it is) with adapters on the target modules, in fp32."""
+        """``model`` (frozen as it is) with adapters on the target modules and the
+        ``trained`` modules unfrozen, every trained parameter in fp32."""
         from peft import get_peft_model
 
         peft_model = get_peft_model(model, self.peft_config())
+        for name in self.trained:
+            peft_model.get_base_model().get_submodule(name).requires_grad_(True)
         for param in peft_model.parameters():
             if param.requires_grad:
                 param.data = param.data.float()
         return peft_model
 
 
-def lora_of(model_config: Any) -> Lora | None:
-    """The config's ``model.lora_*`` keys as a :class:`Lora`, None at rank 0."""
-    if not model_config.lora_rank:
+def lora_of(section: Any, trained: tuple[str, ...] = ()) -> Lora | None:
+    """A config section's ``lora_rank``/``lora_alpha``/``target_modules`` (``model.*``,
+    ``critic.*``) as a :class:`Lora`, None at rank 0."""
+    if not section.lora_rank:
         return None
-    return Lora(model_config.lora_rank, model_config.lora_alpha, model_config.target_modules)
+    return Lora(section.lora_rank, section.lora_alpha, section.target_modules, trained)
 
 
 def check_targets(lora: Lora, model_dir: Path) -> None:

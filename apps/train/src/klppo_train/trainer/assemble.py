@@ -128,7 +128,7 @@ class StepBuilder:
             grad_clip=section.grad_clip,
             offload_optimizer=section.fsdp.optimizer_offload,
             share_prompts=cfg.model.share_prompts,
-            saves_frozen=name != "actor" or not cfg.model.lora_rank,  # LoRA: the adapters
+            saves_frozen=not (cfg.model if name == "actor" else section).lora_rank,
         )
 
     def stop_ids(self, tokenizer) -> frozenset[int]:

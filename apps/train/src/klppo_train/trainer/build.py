@@ -10,6 +10,7 @@ once, on rank 0, caching both in the run directory.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -123,15 +124,35 @@ def _values_not_a_view(module, args, output):
 def _critic(cfg: AppConfig, model_dir: Path, compute: Precision):
     """A value head on the actor's backbone (freshly initialised from the global seed,
     identically on every rank), or on ``critic.model_path``'s: a reward model's backbone and
-    score head start the critic (InstructGPT's); no dropout (the head defaults to 0.1)."""
+    score head start the critic (InstructGPT's); no dropout (the head defaults to 0.1). With
+    ``critic.lora_rank``: adapters on the frozen backbone, the head trained in full."""
     path = Path(cfg.critic.model_path).expanduser() if cfg.critic.model_path else model_dir
     critic_config = AutoConfig.from_pretrained(path, num_labels=1)
     critic_config.classifier_dropout = 0.0
     if is_reward_model_dir(path):  # its head has no bias: load it exactly
         critic_config.token_classification_bias = False
-    critic = _load(cfg, AutoModelForTokenClassification, path, torch.float32, config=critic_config)
+    sharding = role_sharding(cfg.critic.fsdp, compute.dtype)
+    lora = lora_of(cfg.critic)
+    dtype = torch.float32 if lora is None else sharding.mixed_precision.param
+    critic = _load(cfg, AutoModelForTokenClassification, path, dtype, config=critic_config)
     critic.register_forward_hook(_values_not_a_view)
-    return _sharded(critic, cfg.critic.fsdp, compute)
+    if lora is not None:
+        head = next(n for n in ("score", "classifier") if hasattr(critic, n))
+        critic = _with_adapters(critic, replace(lora, trained=(head,)), "critic")
+    return shard_model(critic, sharding)
+
+
+def _with_adapters(model, lora: Lora, role: str):
+    """``model`` frozen, with ``lora``'s adapters (and its ``trained`` modules) in fp32."""
+    model = lora.apply(model.requires_grad_(False))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info(
+        "LoRA on the %s: rank %d, alpha %g on %s: %.2fM trained parameters of %.1fM, base in %s",
+        role, lora.rank, lora.alpha, ",".join(lora.target_modules), trained / 1e6,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        next(p.dtype for p in model.parameters() if not p.requires_grad),
+    )  # fmt: skip
+    return model
 
 
 def _actor(cfg: AppConfig, model_dir: Path, compute: Precision, lora: Lora | None):
@@ -141,15 +162,8 @@ def _actor(cfg: AppConfig, model_dir: Path, compute: Precision, lora: Lora | Non
     if lora is None:
         model = _load(cfg, AutoModelForCausalLM, model_dir, torch.float32)
         return shard_model(model, sharding), _update_flops_per_token(model)
-    dtype = sharding.mixed_precision.param
-    base = _load(cfg, AutoModelForCausalLM, model_dir, dtype)
-    model = lora.apply(base.requires_grad_(False))
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info(
-        "LoRA: rank %d, alpha %g on %s: %.2fM trained parameters of %.1fM, base in %s",
-        lora.rank, lora.alpha, ",".join(lora.target_modules), trained / 1e6,
-        sum(p.numel() for p in model.parameters()) / 1e6, dtype,
-    )  # fmt: skip
+    base = _load(cfg, AutoModelForCausalLM, model_dir, sharding.mixed_precision.param)
+    model = _with_adapters(base, lora, "actor")
     return shard_model(model, sharding), _update_flops_per_token(model)
 
 
