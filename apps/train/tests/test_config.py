@@ -29,6 +29,8 @@ OWN_PATHS = {
     "default": ("data.train_files", "data.val_files"),
     "smollm2_arith": ("data.train_files", "data.val_files", "model.path"),
     "smollm2_arith_grpo": ("data.train_files", "data.val_files"),
+    "smollm2_arith_lora": ("data.train_files", "data.val_files", "model.path"),
+    "smollm2_arith_grpo_lora": ("data.train_files", "data.val_files"),
     "smollm2_rm": ("data.train_files", "data.val_files"),
     "smollm2_rlhf": ("data.train_files", "data.val_files"),
 }
