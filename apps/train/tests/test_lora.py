@@ -173,6 +173,9 @@ def test_an_unknown_target_module_fails_in_preflight(tmp_path: Path) -> None:
     cfg = load_config(args[0], args[1:])
     with pytest.raises(UserError, match=r"model.target_modules=\['q_proj', 'qq'\]: .*qq"):
         preflight(cfg)
+    critic = [*args[:-1], "critic.lora_rank=4", "critic.target_modules=up"]
+    with pytest.raises(UserError, match=r"critic.target_modules=\['up'\]: 'up' names no linear"):
+        preflight(load_config(critic[0], critic[1:]))
 
 
 def _run_cli(args: list[str]) -> None:

@@ -255,16 +255,22 @@ def _check_heads(cfg: AppConfig) -> None:
 
 
 def _check_lora_targets(cfg: AppConfig) -> None:
-    """``model.target_modules`` must name layers of the policy (its config.json, built on
-    the meta device; the embedded model, not built yet, has the usual Llama names)."""
+    """``model.target_modules`` / ``critic.target_modules`` must name layers of the policy's
+    / critic's model (its config.json, built on the meta device; the embedded model, not
+    built yet, has the usual Llama names)."""
     policy = Path(cfg.model.path or Path(cfg.trainer.run_dir) / "model").expanduser()
-    if not cfg.model.lora_rank or not (policy / "config.json").is_file():
-        return
-    from klppo_train.runtime.lora import check_targets, lora_of  # torch: a LoRA run only
+    critic = Path(cfg.critic.model_path).expanduser() if cfg.critic.model_path else policy
+    sections = [("model", cfg.model, policy)]
+    if cfg.critic.enable:
+        sections.append(("critic", cfg.critic, critic))
+    for key, section, path in sections:
+        if not section.lora_rank or not (path / "config.json").is_file():
+            continue
+        from klppo_train.runtime.lora import check_targets, lora_of  # torch: LoRA runs only
 
-    lora = lora_of(cfg.model)
-    with user_errors(f"model.target_modules={list(lora.target_modules)}: "):
-        check_targets(lora, policy)
+        lora = lora_of(section)
+        with user_errors(f"{key}.target_modules={list(lora.target_modules)}: "):
+            check_targets(lora, path)
 
 
 def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:

@@ -1,4 +1,5 @@
-"""LoRA on the actor (``model.lora_rank > 0``), through peft.
+"""LoRA on the actor (``model.lora_rank > 0``) and the critic's backbone
+(``critic.lora_rank > 0``, its value head trained in full), through peft.
 
 The actor is the base model with peft's LoRA layers on ``model.target_modules``: the base
 is frozen and stored in the compute dtype (no fp32 masters, gradients or AdamW state for
