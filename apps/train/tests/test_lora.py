@@ -89,6 +89,29 @@ def test_a_critic_trains_adapters_and_its_value_head() -> None:
     assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
 
 
+def test_a_first_forward_without_adapters_keeps_fp32_gradients() -> None:
+    """FSDP2 in bf16, the reference's forward first (GRPO: no old-log-prob pass): FSDP2
+    fixes each unit's gradient dtypes from requires_grad then, and peft's switch turns it
+    off. The update after must reduce the fp32 adapters' gradients in fp32."""
+    import torch.distributed as dist
+
+    from fsdp_sharding import MixedPrecision, ShardingConfig, shard_model
+    from klppo_train.runtime.process_group import init_distributed
+
+    init_distributed()
+    try:
+        peft = Lora(4, 8.0, ("all-linear",)).apply(_base().to(torch.bfloat16))
+        mixed = MixedPrecision(param_dtype="bfloat16", reduce_dtype="float32")
+        peft = shard_model(peft, ShardingConfig(mixed_precision=mixed))
+        _logprobs(WithoutAdapters(peft))
+        ids, mask = prompt_response_batch([6, 3], [5, 2], P, T, VOCAB)
+        response_logprobs(peft, ids, mask, T, max_tokens=64)[0].sum().backward()
+        grads = [p.grad for p in peft.parameters() if p.requires_grad]
+        assert grads and all(g is not None and g.dtype == torch.float32 for g in grads)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("targets", [("all-linear",), QV])
 def test_the_merge_equals_peft_merge_and_unload(tmp_path: Path, targets) -> None:
     base = _base()

@@ -110,7 +110,15 @@ class WithoutAdapters(nn.Module):
         return self.peft_model.config
 
     def forward(self, *args, **kwargs):
+        trained = [p for p in self.peft_model.parameters() if p.requires_grad]
         with self.peft_model.disable_adapter():
+            # peft's switch also turns the adapters' requires_grad off, and FSDP2 fixes each
+            # unit's gradient dtypes from requires_grad at the model's first forward: were
+            # that this one (GRPO: no old-log-prob pass before the reference's), the fp32
+            # adapters' gradients would be reduced in bf16 and refused. The flag changes
+            # nothing here otherwise (no grad); peft turns it back on at the exit.
+            for param in trained:
+                param.requires_grad_(True)
             return self.peft_model(*args, **kwargs)
 
 
