@@ -105,6 +105,7 @@ ROWS = {
 }
 PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 FORWARD_ONLY = ("old_log_prob", "ref", "values")
+UPDATES = ("update_critic", "update_actor")
 
 
 def setting_overrides(setting: str) -> list[str]:
@@ -152,11 +153,14 @@ def matmul_peaks() -> dict[str, float]:
     }
 
 
-def run_row(model: Path, data: Path, overrides: list[str], steps: int) -> dict:
-    """One trainer run in its own process; the last step's metrics and the peak RSS."""
+def run_row(
+    model: Path, data: Path, overrides: list[str], steps: int, recipe: Path = RECIPE
+) -> dict:
+    """One trainer run of ``recipe`` in its own process; its steady step's metrics (with
+    every step's seconds) and the peak RSS."""
     with tempfile.TemporaryDirectory(prefix="ppo_step_bench_") as tmp:
         args = [
-            str(RECIPE),
+            str(recipe),
             f"model.path={model}",
             f"data.train_files=[{data / 'train.parquet'}]",
             f"data.val_files=[{data / 'val.parquet'}]",
@@ -184,11 +188,13 @@ def run_row(model: Path, data: Path, overrides: list[str], steps: int) -> dict:
 
 
 def step_floor_s(m: dict, params: int, gflops: float, samples: int, update: int = 6) -> float:
-    """``update``: FLOPs per parameter and token of each update (6; 4 with LoRA)."""
+    """``update``: FLOPs per parameter and token of each update (6; 4 with LoRA); the updates
+    and forward-only passes counted are those the step ran (GRPO: no critic, no values)."""
     tokens = m["perf/throughput"] * m["timing_s/step"]
     generated = m["response_length/mean"] * samples
     passes = sum(f"timing_s/{p}" in m for p in FORWARD_ONLY)
-    flops = params * (2 * update * tokens + 2 * passes * tokens + 2 * generated)
+    updates = sum(f"timing_s/{p}" in m for p in UPDATES)
+    flops = params * (updates * update * tokens + 2 * passes * tokens + 2 * generated)
     return flops / (gflops * 1e9)
 
 
@@ -212,7 +218,8 @@ def work_floor_s(
     critic_pass = 2 * body * run
     forward_only = {"old_log_prob": actor_pass, "ref": actor_pass, "values": critic_pass}
     flops = sum(f for p, f in forward_only.items() if f"timing_s/{p}" in m)
-    flops += (2 if lora else 3) * (actor_pass + critic_pass)  # forward + backward of updates
+    trained = actor_pass + (critic_pass if "timing_s/update_critic" in m else 0)
+    flops += (2 if lora else 3) * trained  # forward + backward of updates
     flops += 2 * body * prompt_once + 2 * (body + head) * kept  # generation
     return flops / (gflops * 1e9)
 

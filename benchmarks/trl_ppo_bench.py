@@ -69,54 +69,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
-from _results import RESULTS_DIR, child_env, steady_index, write_results
+from _results import RESULTS_DIR, write_results
+from _trl import CACHE, bench_inputs, ensure_venv, print_table, run_worker, worker_allocator
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "runs" / "bench"
 PINS = ["trl==1.12.0", "torch==2.13.0+cpu", "transformers==5.19.0", "accelerate==1.15.0"]
-TORCH_INDEX = "machine-local-cpu-torch"
-WANT = ["2.13.0+cpu", "1.12.0"]  # torch, trl
-PROBE = "import torch, trl, transformers; print(torch.__version__, trl.__version__)"
-
-
-def torch_wheels() -> str:
-    """Where this machine's CPU torch wheel lives: the workspace's own torch index
-    (pyproject.toml's ``machine-local-cpu-torch``), so the TRL venv gets the same build."""
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    index = next(i for i in pyproject["tool"]["uv"]["index"] if i["name"] == TORCH_INDEX)
-    return index["url"]
-
-
-def ensure_venv(venv: Path) -> Path:
-    """The TRL venv's python; created and filled with the project's uv (``./uvw``: ~2 s with
-    a warm uv cache, pip took ~65 s) if needed. torch is pinned to the local ``+cpu`` build,
-    so nothing resolves to PyPI's CUDA wheel."""
-    py = venv / "bin" / "python"
-
-    def probe() -> list[str]:
-        return subprocess.run([py, "-c", PROBE], capture_output=True, text=True).stdout.split()
-
-    if py.exists() and probe() == WANT:
-        return py
-    # `uv run` names its uv in $UV; else ./uvw finds one (the base interpreter may have it:
-    # this venv's has neither uv nor pip)
-    uv = [os.environ["UV"]] if "UV" in os.environ else [str(ROOT / "uvw")]
-    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys._base_executable)}
-    if not py.exists():
-        command = [*uv, "venv", "--quiet", "--python", sys.executable, str(venv)]
-        subprocess.run(command, check=True, env=env)
-    install = [*uv, "pip", "install", "--quiet", "--python", str(py)]
-    subprocess.run([*install, "--find-links", torch_wheels(), *PINS], check=True, env=env)
-    if (got := probe()) != WANT:
-        sys.exit(f"{venv}: torch/trl are {got}, want {WANT}")
-    return py
 
 
 def worker(cfg: dict) -> None:
@@ -227,32 +188,10 @@ def worker(cfg: dict) -> None:
     result = {"steps_s": timer.times, "mixed_precision": str(trainer.accelerator.mixed_precision)}
     result.update(micro=micro, grad_accum=batch // micro, versions=versions)
     result.update(lrs=[g["lr"] for g in opt.param_groups], kl_coef=args.kl_coef)
-    loaded = "libtcmalloc" in Path("/proc/self/maps").read_text()
-    retains = "glibc.malloc.mmap_max=0" in os.environ.get("GLIBC_TUNABLES", "")
-    result.update(allocator="tcmalloc" if loaded else "glibc-retain" if retains else "system")
+    result.update(allocator=worker_allocator())
     result.update(rollout_micro=args.local_rollout_forward_batch_size)
     result.update(score=log[-1]["objective/scores"] if log else None)
     Path(cfg["out"]).write_text(json.dumps(result))
-
-
-def run_trl(py: Path, cfg: dict, allocator: str) -> dict:
-    """One worker process started with ``allocator`` (a ``trainer.allocator`` value); its
-    result, or the tail of its log if it failed."""
-    with tempfile.TemporaryDirectory(prefix="trl_ppo_bench_") as tmp:
-        cfg = {**cfg, "out": str(Path(tmp) / "result.json")}
-        log = Path(tmp) / "worker.log"
-        with log.open("w") as out:
-            cmd = [str(py), str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
-            env = child_env(allocator)
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-            _, status, usage = os.wait4(proc.pid, 0)
-        row = {"peak_rss_gb": usage.ru_maxrss / 2**20}
-        if os.waitstatus_to_exitcode(status) != 0 or not Path(cfg["out"]).exists():
-            tail = log.read_text()[-3000:]
-            print(f"  TRL {cfg['setting']} {cfg['variant']} failed ({status}):\n{tail}", flush=True)
-            return {**row, "step_s": None, "error": tail}
-        result = json.loads(Path(cfg["out"]).read_text())
-    return {**row, **result, "step_s": result["steps_s"][steady_index(result["steps_s"])]}
 
 
 def recipe_numbers() -> dict[str, float]:
@@ -270,15 +209,6 @@ def recipe_numbers() -> dict[str, float]:
         "lam": c.algorithm.lam, "cliprange_value": c.critic.cliprange_value,
         "temperature": c.rollout.sampling.temperature,
     }  # fmt: skip
-
-
-def bench_inputs() -> tuple[Path, Path]:
-    model, data = CACHE / "smollm2", CACHE / "data"
-    if not (model / "config.json").exists() or not (data / "train.parquet").exists():
-        from ppo_step_bench import prepare  # needs the workspace env (klppo_train)
-
-        model, data = prepare()
-    return model, data
 
 
 def main() -> None:
@@ -302,7 +232,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
-    py = ensure_venv(args.venv)
+    py = ensure_venv(args.venv, PINS)
     model, data = bench_inputs()
     recipe = recipe_numbers()
     rows = []
@@ -328,7 +258,7 @@ def main() -> None:
             cfg.update(rollout_micro=args.rollout_micro, model=str(model))
             cfg.update(data=str(data / "train.parquet"), recipe=recipe)
             r = {"setting": setting, "variant": f"TRL {variant}"}
-            r.update(run_trl(py, cfg, args.allocator))
+            r.update(run_worker(py, str(Path(__file__).resolve()), cfg, args.allocator))
             if klppo_s and r["step_s"]:
                 r["trl_over_klppo"] = r["step_s"] / klppo_s
                 # TRL runs every prompt copy and the policy's LM head on every token: about the
@@ -341,10 +271,7 @@ def main() -> None:
     cols += ["grad_accum"]
     cols += ["rollout_micro", "score", "floor_s", "work_floor_s", "trl_over_floor"]
     cols += ["trl_over_klppo"]
-    print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-    for r in rows:
-        cells = [f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
-        print("| " + " | ".join(cells) + " |")
+    print_table(rows, cols)
     versions = next((r["versions"] for r in rows if "versions" in r), None)
     write_results({"pins": PINS, "versions": versions, "steps": args.steps, "rows": rows}, args.out)
 

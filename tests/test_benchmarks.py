@@ -36,21 +36,43 @@ def test_batching_bench_runs_and_writes_json(tmp_path: Path) -> None:
     assert all(r["over_cap_pct"] == 0.0 for r in ours)
 
 
-@pytest.mark.parametrize(("shared", "flops"), [(True, 4320), (False, 5280)])
+@pytest.mark.parametrize(
+    ("shared", "critic", "flops"), [(True, True, 4320), (False, True, 5280), (True, False, 3200)]
+)
 def test_work_floor_counts_the_matmuls_the_trainer_runs(
-    monkeypatch: pytest.MonkeyPatch, shared: bool, flops: int
+    monkeypatch: pytest.MonkeyPatch, shared: bool, critic: bool, flops: int
 ) -> None:
     """Hand-derived: 100 tokens of which 60 response (kept), 4 samples a prompt, so each
     prompt's 40 copied tokens run as 10 when shared; body 2 and head 3 parameters; reference
     and values ran, no old-log-prob pass. Shared: a token run = 70, actor pass 2·2·70 +
     2·3·60 = 640, critic pass 280; reference + values 920, updates 3·920, generation 2·2·10
-    + 2·5·60 = 640: 4320. Unshared: 100 tokens run, 760 + 400 = 1160, 3·1160, 640: 5280."""
+    + 2·5·60 = 640: 4320. Unshared: 100 tokens run, 760 + 400 = 1160, 3·1160, 640: 5280.
+    GRPO (no critic: no values, no critic update), shared: 640 + 3·640 + 640 = 3200."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from ppo_step_bench import work_floor_s
 
     m = {"perf/throughput": 10.0, "timing_s/step": 10.0, "perf/response_tokens": 60.0}
-    m.update({"timing_s/ref": 1.0, "timing_s/values": 1.0})
+    m.update({"timing_s/ref": 1.0, "timing_s/update_actor": 1.0})
+    if critic:
+        m.update({"timing_s/values": 1.0, "timing_s/update_critic": 1.0})
     assert work_floor_s(m, (2, 3), 1e-9, 4, shared) == pytest.approx(flops)
+
+
+@pytest.mark.parametrize(("critic", "flops"), [(True, 1720), (False, 920)])
+def test_step_floor_counts_the_passes_that_ran(
+    monkeypatch: pytest.MonkeyPatch, critic: bool, flops: int
+) -> None:
+    """Hand-derived, one parameter: 100 tokens, 10 samples of 6 generated tokens (2·60 =
+    120). PPO: two updates 2·6·100, reference + values 2·2·100: 1720. GRPO: one update 600,
+    the reference 200: 920."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from ppo_step_bench import step_floor_s
+
+    m = {"perf/throughput": 10.0, "timing_s/step": 10.0, "response_length/mean": 6.0}
+    m.update({"timing_s/ref": 1.0, "timing_s/update_actor": 1.0})
+    if critic:
+        m.update({"timing_s/values": 1.0, "timing_s/update_critic": 1.0})
+    assert step_floor_s(m, 1, 1e-9, 10) == pytest.approx(flops)
 
 
 @pytest.mark.slow
@@ -90,3 +112,26 @@ def test_trl_ppo_bench_runs_trl_in_its_own_venv(tmp_path: Path) -> None:
     assert row["lrs"] == [recipe.actor.lr, recipe.critic.lr]  # the recipe's, as klppo runs it
     assert row["kl_coef"] == recipe.algorithm.kl_ctrl.kl_coef
     assert result["versions"]["torch"].endswith("+cpu") and result["versions"]["trl"] == "1.12.0"
+
+
+@pytest.mark.slow
+def test_trl_grpo_bench_runs_both_sides(tmp_path: Path) -> None:
+    """TRL's GRPOTrainer with LoRA really runs (its own venv) beside klppo's GRPO LoRA recipe,
+    one tiny step each, with the recipe's numbers."""
+    out = tmp_path / "trl.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "trl_grpo_bench.py"), "--out", str(out)]
+    cmd += ["--settings", "2x2x4", "--steps", "1", "--variants", "fp32+lora"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    ours, trl = result["rows"]
+    assert ours["variant"] == "klppo lora" and ours["step_s"] > 0
+    assert 0 < ours["work_floor_s"] < ours["floor_s"] < ours["step_s"]
+    assert trl["variant"] == "TRL fp32+lora" and trl["step_s"] > 0
+    assert trl["trl_over_klppo"] == pytest.approx(trl["step_s"] / ours["step_s"])
+    recipe = load_config(ROOT / "apps" / "train" / "recipes" / "smollm2_arith_grpo_lora.yaml", [])
+    assert trl["lr"] == recipe.actor.lr and trl["beta"] == recipe.actor.kl_loss_coef
+    # rank 32 on every linear layer of SmolLM2 (as the LoRA bench row: 32 · 10176 per layer,
+    # 30 layers); the reference is the policy with its adapter off, not a second model
+    assert trl["trained"] == 32 * 10176 * 30 and trl["ref_model"] is False
+    assert result["versions"]["trl"] == "1.16.0" and trl["mixed_precision"] == "no"
