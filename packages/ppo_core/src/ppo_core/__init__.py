@@ -9,7 +9,11 @@ Plain functions with explicit arguments, so they drop into any training loop:
   :class:`AdaptiveKLController`
 - advantages: :func:`compute_gae`, :func:`compute_grpo_advantages`,
   :func:`compute_rloo_advantages`, :func:`compute_reinforce_pp_advantages`
-- losses: :func:`aggregate_loss`, :func:`policy_loss`, :func:`value_loss`
+- losses: :func:`aggregate_loss`, :func:`policy_loss`, :func:`reinforce_loss`,
+  :func:`value_loss`
+- rollout correction (the engine's π_rollout vs the trainer's π_old):
+  :func:`rollout_is_weights` (token/sequence TIS), :func:`normalize_is_weights`,
+  :func:`rejection_mask` (:func:`rejection_rules`), :func:`off_policy_metrics`
 - rewards: :func:`token_level_scores` (a sequence's score on its last response token),
   :func:`pairwise_reward_loss` (a reward model's Bradley–Terry loss)
 """
@@ -25,8 +29,11 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 # name → the submodule that defines it, imported on first use (PEP 562): a caller that
 # needs one torch-free name (a config check) does not pay for torch.
 _EXPORTS = {
+    "IS_LEVELS": "options",
     "KL_ESTIMATORS": "options",
     "LOSS_AGG_MODES": "options",
+    "RS_OPTIONS": "options",
+    "RejectionRule": "options",
     "SHARE_METRICS": "losses",
     "AdaptiveKLController": "kl_control",
     "FixedKLController": "kl_control",
@@ -44,9 +51,15 @@ _EXPORTS = {
     "masked_sum": "masked",
     "masked_var": "masked",
     "masked_whiten": "masked",
+    "normalize_is_weights": "rollout_correction",
+    "off_policy_metrics": "rollout_correction",
     "SumOverRanks": "masked",
     "pairwise_reward_loss": "rewards",
     "policy_loss": "losses",
+    "reinforce_loss": "losses",
+    "rejection_mask": "rollout_correction",
+    "rejection_rules": "options",
+    "rollout_is_weights": "rollout_correction",
     "token_level_scores": "rewards",
     "value_loss": "losses",
 }

@@ -124,12 +124,14 @@ def policy_loss(
     global_num_seqs: Count | None = None,
     dp_size: int = 1,
     loss_scale_factor: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al., 2017) with dual-clip (Ye et al., 2020).
 
     ρ = exp(clamp(logprob − old_logprob, −20, 20)),
-    ℓ = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)); where A < 0, ℓ = min(ℓ, −A·c).
-    The loss is ``aggregate_loss(ℓ, m, agg_mode, ...)``.
+    ℓ = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)); where A < 0, ℓ = min(ℓ, −A·c);
+    with rollout-correction weights w, ℓ·w (verl's). The loss is
+    ``aggregate_loss(ℓ, m, agg_mode, ...)``.
 
     Args:
         logprob: ``[B, T]`` log π_θ (with gradient).
@@ -141,6 +143,8 @@ def policy_loss(
         clip_ratio_c: dual-clip bound c > 1 for negative advantages; ``None`` disables it.
         agg_mode, global_num_tokens, global_num_seqs, dp_size, loss_scale_factor:
             see :func:`aggregate_loss`.
+        is_weights: ``[B, T]`` detached importance weights π_old/π_rollout
+            (:func:`ppo_core.rollout_is_weights`), or ``None``.
 
     Returns:
         ``(loss, metrics)``; metrics (detached, masked means over this micro-batch):
@@ -164,6 +168,9 @@ def policy_loss(
         negative = advantages < 0
         dual_active = negative & (per_token > bound)
         per_token = torch.where(negative, torch.minimum(per_token, bound), per_token)
+    if is_weights is not None:
+        check_same_shape(("is_weights", is_weights), ("logprob", logprob))
+        per_token = per_token * is_weights.detach()
     loss = aggregate_loss(
         per_token,
         response_mask,
@@ -180,6 +187,46 @@ def policy_loss(
         "ppo_kl": masked_mean(-log_ratio, response_mask).detach(),
     }
     return loss, metrics
+
+
+def reinforce_loss(
+    logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    is_weights: torch.Tensor | None = None,
+    agg_mode: str = "token-mean",
+    global_num_tokens: Count | None = None,
+    global_num_seqs: Count | None = None,
+    dp_size: int = 1,
+    loss_scale_factor: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Policy gradient without a ratio or clipping (verl's bypass-mode ``reinforce``):
+    ℓ = −A·log π_θ·w per token (w = 1 without weights), aggregated as :func:`aggregate_loss`.
+
+    Args:
+        logprob: ``[B, T]`` log π_θ (with gradient).
+        advantages, response_mask: ``[B, T]``.
+        is_weights: ``[B, T]`` detached importance weights, or ``None``.
+
+    Returns:
+        ``(loss, {"pg_loss": loss})`` (detached metric).
+    """
+    _check_loss_inputs(logprob=logprob, advantages=advantages, response_mask=response_mask)
+    per_token = -advantages * logprob
+    if is_weights is not None:
+        check_same_shape(("is_weights", is_weights), ("logprob", logprob))
+        per_token = per_token * is_weights.detach()
+    loss = aggregate_loss(
+        per_token,
+        response_mask,
+        agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        dp_size=dp_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+    return loss, {"pg_loss": loss.detach()}
 
 
 def value_loss(

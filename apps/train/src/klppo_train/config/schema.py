@@ -236,6 +236,38 @@ class KLControlConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RolloutCorrectionConfig:
+    """Correction for the engine's probabilities π_rollout differing from the trainer's π_old
+    (bf16 kernels, another temperature): verl's ``algorithm.rollout_correction``."""
+
+    rollout_is: str | None = None
+    """Truncated importance weights π_old/π_rollout on the policy loss: token | sequence
+    (a response's product of token ratios); null: none."""
+    rollout_is_threshold: float = 2.0
+    """The truncation C: weights above it are set to C (TIS)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the truncated weights by their mean over the batch (every rank's)."""
+    rollout_rs: str | None = None
+    """Rejection sampling: drop tokens (token_*) or responses (seq_sum_*, seq_mean_*,
+    seq_max_*) whose divergence k1/k2/k3 is out of bounds, a comma list (all must pass)."""
+    rollout_rs_threshold: str | None = None
+    """Bounds of rollout_rs, one for all or one per option: k1 'lower_upper' (on
+    log π_rollout/π_old: '0.5_2.0' keeps ratios in [0.5, 2]) or one number u = '1/u_u'; k2/k3
+    an upper bound."""
+    bypass_mode: bool = False
+    """π_old = π_rollout: no old-log-prob pass; the ratio is taken to the engine's
+    probabilities and the weights and rejection are computed per micro-batch from π_θ."""
+    loss_type: str = "ppo_clip"
+    """bypass_mode's policy loss: ppo_clip (clipped ratio π_θ/π_rollout, weights only
+    measured) | reinforce (−A·log π_θ·w, no clipping)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether weights or rejection are computed (bypass_mode alone is neither)."""
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     """Rewards to advantages."""
 
@@ -253,6 +285,8 @@ class AlgorithmConfig:
     """KL estimator of the KL in the reward: kl/k1 | abs | k2/mse | k3/low_var_kl."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """The controller of the KL in the reward's β."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights and rejection for the engine/trainer mismatch (off by default)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -517,6 +551,18 @@ def _read_recipe(recipe: str | Path) -> dict:
     return loaded
 
 
+# Values YAML would read as numbers (YAML 1.1 allows "_" in them: "0.5_2" is 0.52): a
+# command-line value of these keys is taken as the string typed.
+STRING_VALUED = ("rollout_rs_threshold",)
+
+
+def _as_typed(override: str) -> str:
+    key, sep, value = override.partition("=")
+    if sep and key.endswith(STRING_VALUED) and value[:1] not in ("'", '"', ""):
+        return f"{key}='{value}'"
+    return override
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> AppConfig:
     """Schema defaults ← YAML recipe ← dotted overrides (klppo's or verl's names), type-checked.
 
@@ -526,7 +572,8 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     errors: list[str] = []
     layers = [_translated_layer(_read_recipe(recipe), errors)] if recipe is not None else []
     try:
-        dotlist = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides or [])))
+        typed = [_as_typed(o) for o in overrides or []]
+        dotlist = OmegaConf.to_container(OmegaConf.from_dotlist(typed))
     except OmegaConfBaseException as err:
         raise ValueError(f"bad command-line override: {err}") from None
     layers.append(_translated_layer(dotlist, errors))

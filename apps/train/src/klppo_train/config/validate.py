@@ -23,7 +23,7 @@ from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
 from klppo_train.data import sources
 from klppo_train.runtime.allocator import check_allocator
 from klppo_train.tracking.backends import check_loggers
-from ppo_core import KL_ESTIMATORS, LOSS_AGG_MODES
+from ppo_core import IS_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, rejection_rules
 
 CHOICES = {
     "algorithm.adv_estimator": ADV_ESTIMATORS,
@@ -341,6 +341,7 @@ def _check_reward_training(cfg: AppConfig, world_size: int) -> None:
 
 def _check_algorithm(cfg: AppConfig) -> None:
     _check_kl_control(cfg)
+    _check_rollout_correction(cfg)
     estimator = cfg.algorithm.adv_estimator
     if estimator == "gae" and not cfg.critic.enable:
         raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
@@ -349,6 +350,32 @@ def _check_algorithm(cfg: AppConfig) -> None:
             f"algorithm.adv_estimator={estimator} compares samples of one prompt: "
             f"rollout.n must be >= 2, got {cfg.rollout.sampling.n}"
         )
+
+
+def _check_rollout_correction(cfg: AppConfig) -> None:
+    """``algorithm.rollout_correction``: known names, parseable bounds, and no key set that
+    would take no effect."""
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    if rc.rollout_is is not None and rc.rollout_is not in IS_LEVELS:
+        raise ValueError(f"{key}.rollout_is={rc.rollout_is!r}; valid: {', '.join(IS_LEVELS)}")
+    if not rc.rollout_is_threshold > 0:
+        raise ValueError(f"{key}.rollout_is_threshold must be > 0, got {rc.rollout_is_threshold}")
+    default = type(rc)()
+    if rc.rollout_is is None:
+        for name in ("rollout_is_threshold", "rollout_is_batch_normalize"):
+            if getattr(rc, name) != getattr(default, name):
+                raise ValueError(f"{key}.{name} takes effect only with {key}.rollout_is set")
+    if rc.rollout_rs is not None:
+        try:
+            rejection_rules(rc.rollout_rs, rc.rollout_rs_threshold)
+        except ValueError as err:
+            raise ValueError(f"{key}.{err}") from None
+    elif rc.rollout_rs_threshold is not None:
+        raise ValueError(f"{key}.rollout_rs_threshold takes effect only with {key}.rollout_rs")
+    if rc.loss_type not in ("ppo_clip", "reinforce"):
+        raise ValueError(f"{key}.loss_type={rc.loss_type!r}; valid: ppo_clip, reinforce")
+    if rc.loss_type != default.loss_type and not rc.bypass_mode:
+        raise ValueError(f"{key}.loss_type takes effect only with {key}.bypass_mode=true")
 
 
 def _check_token_budgets(cfg: AppConfig) -> list[str]:

@@ -19,6 +19,7 @@ from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
 from klppo_train.ppo.passes import ForwardPass
+from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.runtime.engine import RolloutStats, Sampling
@@ -50,7 +51,7 @@ class Components:
     controller is kept either way: it is checkpointed); ``reward_model`` without
     ``reward_model.enable`` (rule rewards only). ``budgets``: the token budgets in
     force (set before step 0: the config's numbers, the probe's choice for ``auto``, or a
-    checkpoint's).
+    checkpoint's). ``rollout_correction`` without ``algorithm.rollout_correction``.
     """
 
     actor: Trainee
@@ -71,6 +72,7 @@ class Components:
     budgets: RunBudgets | None = None
     rollout_stats: RolloutStats | None = None  # vLLM's counters per step (log stats on)
     export_actor: Callable[[Path], Any] | None = None  # run_dir → the final HF export(s)
+    rollout_correction: RolloutCorrection | None = None  # algorithm.rollout_correction
 
     def trainees(self) -> list[Trainee]:
         return [t for t in (self.actor, self.critic) if t is not None]

@@ -17,10 +17,18 @@ import torch
 from torch import nn
 
 from klppo_train.ppo.forward import NO_SP, response_logprobs, response_values
+from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.trajectories import Trajectories
 from klppo_train.runtime.process_group import dp_size, sum_over_ranks
 from klppo_train.runtime.sequence_parallel import SequenceParallel
-from ppo_core import aggregate_loss, kl_penalty, masked_mean, policy_loss, value_loss
+from ppo_core import (
+    aggregate_loss,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    reinforce_loss,
+    value_loss,
+)
 from rollout import logprob_mismatch
 
 Metrics = dict[str, torch.Tensor]
@@ -63,7 +71,10 @@ class PolicyLoss:
     ``mb.old_logprobs=None`` is the on-policy step (one mini-batch, one epoch): the policy
     has not moved since it generated, so logπ_old = sg(logπ) (ratio 1, verl's shortcut); the
     train/rollout mismatch and the entropy are then measured in this forward
-    (``mb.engine_logprobs``). ``share_prompts``: a prompt's samples run its tokens once.
+    (``mb.engine_logprobs``), as in bypass mode. ``share_prompts``: a prompt's samples run
+    its tokens once. ``mb.is_weights`` (rollout correction) multiply each token's loss;
+    ``bypass`` (rollout correction's bypass mode: ``mb.old_logprobs`` are the engine's)
+    computes weights and rejection here, per micro-batch.
     """
 
     clip_ratio_low: float
@@ -77,11 +88,13 @@ class PolicyLoss:
     temperature: float = 1.0
     share_prompts: bool = False
     sp: SequenceParallel = NO_SP
+    bypass: RolloutCorrection | None = None
 
     def __call__(
         self, model: nn.Module, mb: Trajectories, counts: GlobalCounts
     ) -> tuple[torch.Tensor, Metrics]:
         on_policy = mb.old_logprobs is None
+        measures = on_policy or self.bypass is not None  # no old-log-prob pass measured it
         logprobs, entropy = response_logprobs(
             model,
             mb.input_ids,
@@ -89,24 +102,24 @@ class PolicyLoss:
             mb.response_mask.shape[1],
             max_tokens=None,  # the micro-batch the trainee planned, as it is
             temperature=self.temperature,
-            with_entropy=self.entropy_coeff > 0 or on_policy,
+            with_entropy=self.entropy_coeff > 0 or measures,
             share_prompts=self.share_prompts,
             sp=self.sp,
         )
-        loss, metrics = policy_loss(
-            logprobs,
-            logprobs.detach() if on_policy else mb.old_logprobs,
-            mb.advantages,
-            mb.response_mask,
-            clip_ratio_low=self.clip_ratio_low,
-            clip_ratio_high=self.clip_ratio_high,
-            clip_ratio_c=self.clip_ratio_c,
-            agg_mode=self.loss_agg_mode,
-            **counts.kwargs(),
-        )
+        if self.bypass is not None:
+            loss, metrics = self._bypass_loss(logprobs, mb, counts)
+        else:
+            loss, metrics = policy_loss(
+                logprobs,
+                logprobs.detach() if on_policy else mb.old_logprobs,
+                mb.advantages,
+                mb.response_mask,
+                is_weights=mb.is_weights,
+                **self._clip_kwargs(counts),
+            )
         if entropy is not None:
             loss = self._entropy_bonus(loss, entropy, mb, counts, metrics)
-        if on_policy:
+        if measures:
             metrics.update(
                 logprob_mismatch(mb.engine_logprobs, logprobs.detach(), mb.response_mask)
             )
@@ -116,6 +129,33 @@ class PolicyLoss:
             loss = loss + self.kl_loss_coef * kl_loss
             metrics["kl_loss"] = masked_mean(kl.detach(), mb.response_mask)
         return loss, metrics
+
+    def _clip_kwargs(self, counts: GlobalCounts) -> dict:
+        return dict(
+            clip_ratio_low=self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio_high,
+            clip_ratio_c=self.clip_ratio_c,
+            agg_mode=self.loss_agg_mode,
+            **counts.kwargs(),
+        )
+
+    def _bypass_loss(
+        self, logprobs: torch.Tensor, mb: Trajectories, counts: GlobalCounts
+    ) -> tuple[torch.Tensor, Metrics]:
+        """verl's bypass mode: ``ppo_clip`` clips the ratio to π_rollout over the kept tokens
+        (weights only measured); ``reinforce`` is −A·log π_θ·w over them. The global counts
+        stay those of the whole mask (a rejected token counts as a 0 loss)."""
+        weights, mask, metrics = self.bypass.in_loss(logprobs, mb.old_logprobs, mb.response_mask)
+        if self.bypass.loss_type == "reinforce":
+            loss, more = reinforce_loss(
+                logprobs, mb.advantages, mask, is_weights=weights,
+                agg_mode=self.loss_agg_mode, **counts.kwargs(),
+            )  # fmt: skip
+        else:
+            loss, more = policy_loss(
+                logprobs, mb.old_logprobs, mb.advantages, mask, **self._clip_kwargs(counts)
+            )
+        return loss, {**metrics, **more}
 
     def _entropy_bonus(self, loss, entropy, mb: Trajectories, counts, metrics) -> torch.Tensor:
         if self.entropy_coeff > 0:

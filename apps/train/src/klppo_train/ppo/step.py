@@ -1,8 +1,8 @@
 """One PPO step, in numbered stages, over components built once and passed in.
 
 1 generate (+ balance over ranks) → 2 engine sleeps → 3 old log-probs → 4 ref log-probs →
-5 values → 5b reward-model scores → 6 scores, KL in reward, advantages → 7 critic update →
-8 actor update → 9 engine wakes → 10 weight sync → 11 metrics.
+5 values → 5a rollout correction → 5b reward-model scores → 6 scores, KL in reward,
+advantages → 7 critic update → 8 actor update → 9 engine wakes → 10 weight sync → 11 metrics.
 
 Every stage is timed (``timing_s/<stage>``). Each forward pass and update runs within its
 role's token budget (``c.budgets``) and, on out-of-memory, halves it and redoes the pass
@@ -111,6 +111,19 @@ def _forward_passes(c: Components, t: Trajectories, step: int, timed: Timings) -
     return t
 
 
+def _rollout_correction(c: Components, t: Trajectories):
+    """Stage 5a: ``(trajectories, the response mask of the updates or None, metrics)``.
+    Bypass mode takes π_old = π_rollout; decoupled, the importance weights of π_old vs
+    π_rollout go into the trajectories, and the mask without the rejected tokens is the
+    updates' (rewards and advantages see whole responses)."""
+    rc = c.rollout_correction
+    if rc is None:
+        return t, None, {}
+    if rc.bypass:
+        return replace(t, old_logprobs=t.engine_logprobs), None, {}
+    return rc.decoupled(t)
+
+
 def _reward_model_scores(c: Components, items, t: Trajectories, step: int, timed: Timings):
     """Stage 5b: the reward model's raw scores ``[N]`` (None without one)."""
     if c.reward_model is None:
@@ -140,7 +153,7 @@ def _step_metrics(t: Trajectories, scores: torch.Tensor) -> dict[str, float]:
     metrics = advantage_metrics(t.advantages, t.returns, mask)
     if t.values is not None:
         metrics["critic/vf_explained_var"] = explained_variance(t.values, t.returns, mask)
-    if t.old_logprobs is not None:  # else the update measured both in its own forward
+    if t.entropy is not None:  # the old-log-prob pass ran; else the update measured both
         mismatch = logprob_mismatch(t.engine_logprobs, t.old_logprobs, mask)
         metrics.update({k: float(v) for k, v in mismatch.items()})
         metrics["actor/entropy"] = float(masked_mean(t.entropy, mask))
@@ -176,14 +189,17 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
         c.engine.sleep()
     retries_before = c.budgets.oom_retries
     t = _forward_passes(c, t, step, timed)  # 3, 4, 5
+    t, kept, corrected = _rollout_correction(c, t)  # 5a
     rm_raw = _reward_model_scores(c, items, t, step, timed)  # 5b
     with timed("adv"):  # 6
         t, scores, metrics = _advantages(c, items, t, rm_raw)
+    metrics.update(corrected)
+    updated = t if kept is None else replace(t, response_mask=kept)
     if c.critic is not None:
         with timed("update_critic"):  # 7
-            metrics.update(c.critic.train(t, c.budgets, step))
+            metrics.update(c.critic.train(updated, c.budgets, step))
     with timed("update_actor"):  # 8
-        metrics.update(c.actor.train(t, c.budgets, step))
+        metrics.update(c.actor.train(updated, c.budgets, step))
     with timed("wake_up"):  # 9
         c.engine.wake_up()
     with timed("update_weights"):  # 10

@@ -32,6 +32,8 @@ class Trajectories:
     ref_logprobs: ``[N, T]`` the reference's (None without a reference).
     values: ``[N, T]`` the critic's before its update (None without a critic).
     advantages, returns: ``[N, T]`` the estimator's.
+    is_weights: ``[N, T]`` rollout-correction weights π_old/π_rollout for the policy loss
+        (None: no correction, or bypass mode, which computes them in the loss).
     """
 
     input_ids: torch.Tensor
@@ -47,6 +49,7 @@ class Trajectories:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:

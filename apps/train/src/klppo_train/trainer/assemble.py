@@ -28,6 +28,7 @@ from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_con
 from klppo_train.ppo.components import Components, StepPlan
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.passes import ForwardPass, Pass
+from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.hf_dir import stored_normalization
 from klppo_train.reward_model.serve import (
@@ -69,7 +70,15 @@ class StepBuilder:
         one_update = (
             cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
         )
-        return one_update and not cfg.algorithm.use_kl_in_reward
+        return one_update and not cfg.algorithm.use_kl_in_reward and not self._decoupled()
+
+    def _decoupled(self) -> bool:
+        """Rollout correction that weighs π_old against π_rollout before the update."""
+        rc = self.cfg.algorithm.rollout_correction
+        return rc.enabled and not rc.bypass_mode
+
+    def rollout_correction(self) -> RolloutCorrection | None:
+        return RolloutCorrection.of(self.cfg.algorithm.rollout_correction)
 
     def forward_pass(self, name: str, model: nn.Module, **computes) -> ForwardPass:
         """Pass ``name`` of ``model`` over the step's responses, micro-batched as its role
@@ -87,7 +96,7 @@ class StepBuilder:
         )
 
     def policy_loss(self) -> PolicyLoss:
-        a = self.cfg.actor
+        a, correction = self.cfg.actor, self.rollout_correction()
         return PolicyLoss(
             clip_ratio_low=a.clip_ratio_low,
             clip_ratio_high=a.clip_ratio_high,
@@ -100,6 +109,7 @@ class StepBuilder:
             temperature=self.cfg.rollout.sampling.temperature,
             share_prompts=self.cfg.model.share_prompts,
             sp=self.sp,
+            bypass=correction if correction is not None and correction.bypass else None,
         )
 
     def value_loss(self) -> ValueLoss:
@@ -229,9 +239,13 @@ class StepBuilder:
             ),
             update_flops_per_token=update_flops_per_token,
             export_actor=export_actor,
+            rollout_correction=self.rollout_correction(),
         )
 
     def _old_log_prob_pass(self, actor: nn.Module) -> ForwardPass | None:
+        if self.cfg.algorithm.rollout_correction.bypass_mode:
+            log.info("rollout correction's bypass mode: logπ_old = the engine's, no old pass")
+            return None
         if self.skips_old_log_prob_pass():
             log.info(
                 "on-policy steps (one mini-batch, actor.ppo_epochs=1, no KL in reward): "
