@@ -85,7 +85,7 @@ def _reward_model_recipe(tmp_path: Path) -> Path:
 
 def _vllm_run(tmp_path: Path) -> list[str]:
     """The embedded default's choices: GAE + critic, adaptive KL in the reward, rollout
-    correction (weights and rejection before the advantages), budgets
+    correction's bypass mode (weights and rejection in the loss), budgets
     (one of them ``auto``: probed, which reads ``trainer.memory_limit_gib``); a reward model
     (trained first by :func:`_reward_model_recipe`) scoring (normalized on the reference's
     samples, combined with the rule) and starting the critic (LoRA on its backbone)."""
@@ -118,7 +118,9 @@ def _vllm_run(tmp_path: Path) -> list[str]:
         "critic.ppo_micro_batch_size_per_gpu=8",
         "critic.lora_rank=4",  # LoRA on the reward model's backbone, its head in full
         "critic.lora_alpha=8",
-        "algorithm.rollout_correction.rollout_is=token",  # decoupled: weights and rejection
+        "algorithm.rollout_correction.bypass_mode=true",  # in the loss, per micro-batch
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=token",
         "algorithm.rollout_correction.rollout_is_threshold=3.0",
         "algorithm.rollout_correction.rollout_rs=token_k1",
         "algorithm.rollout_correction.rollout_rs_threshold=0.2_5.0",
@@ -128,8 +130,8 @@ def _vllm_run(tmp_path: Path) -> list[str]:
 def _hf_run(tmp_path: Path) -> list[str]:
     """The other choices: GRPO without a critic, KL in the loss, static micro-batches, a
     custom reward, epochs instead of steps, an overlong prompt filtered out, LoRA on two
-    of the layers (the reference: the actor without its adapters), rollout correction's
-    bypass mode."""
+    of the layers (the reference: the actor without its adapters), decoupled rollout
+    correction (its old-log-prob pass reads the static micro-batch size)."""
     run = tmp_path / "b"
     long = {**make_arithmetic_rows(1, seed=9, template=COMPACT)[0]}
     long["prompt"] = [{"role": "user", "content": "9" * 100}]
@@ -160,9 +162,7 @@ def _hf_run(tmp_path: Path) -> list[str]:
         "model.lora_rank=4",
         "model.lora_alpha=8",
         "model.target_modules=[q_proj,v_proj]",
-        "algorithm.rollout_correction.bypass_mode=true",  # in the loss, per micro-batch
-        "algorithm.rollout_correction.loss_type=reinforce",
-        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_is=sequence",  # decoupled, before advantages
         "algorithm.rollout_correction.rollout_is_batch_normalize=true",
     ]
 
