@@ -169,6 +169,10 @@ def test_lora_needs_peft_and_the_ppo_task(tmp_path: Path, monkeypatch) -> None:
     cfg = load_config(None, ["model.lora_rank=8", "trainer.task=reward_model"])
     with pytest.raises(ValueError, match="trainer.task=reward_model trains the whole"):
         validate_config(cfg)
+    # no reference model of its own to shard
+    cfg = load_config(None, ["model.lora_rank=8", "ref.fsdp.forward_prefetch=true"])
+    with pytest.raises(ValueError, match=r"ref.fsdp.\* takes no effect with model.lora_rank"):
+        validate_config(cfg)
     import importlib.util
 
     find_spec = importlib.util.find_spec

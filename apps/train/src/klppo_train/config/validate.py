@@ -484,6 +484,11 @@ def _check_lora(cfg: AppConfig) -> None:
     ):
         if section.lora_rank:
             _check_lora_section(cfg, key, section, fsdp)
+    if cfg.model.lora_rank and cfg.ref.fsdp != type(cfg.ref)().fsdp:
+        raise ValueError(
+            "ref.fsdp.* takes no effect with model.lora_rank > 0: the reference is the actor "
+            "with its adapters off (actor.fsdp.* shard it)"
+        )
 
 
 def _check_lora_section(cfg: AppConfig, key: str, section, fsdp) -> None:
