@@ -110,6 +110,16 @@ def _check_loss_inputs(**tensors: torch.Tensor) -> None:
     check_floating(*((n, t) for n, t in tensors.items() if n != "response_mask"))
 
 
+def _weighted(
+    per_token: torch.Tensor, is_weights: torch.Tensor | None, logprob: torch.Tensor
+) -> torch.Tensor:
+    """ℓ·w with rollout-correction weights (detached), or ℓ without them."""
+    if is_weights is None:
+        return per_token
+    check_same_shape(("is_weights", is_weights), ("logprob", logprob))
+    return per_token * is_weights.detach()
+
+
 def policy_loss(
     logprob: torch.Tensor,
     old_logprob: torch.Tensor,
@@ -168,9 +178,7 @@ def policy_loss(
         negative = advantages < 0
         dual_active = negative & (per_token > bound)
         per_token = torch.where(negative, torch.minimum(per_token, bound), per_token)
-    if is_weights is not None:
-        check_same_shape(("is_weights", is_weights), ("logprob", logprob))
-        per_token = per_token * is_weights.detach()
+    per_token = _weighted(per_token, is_weights, logprob)
     loss = aggregate_loss(
         per_token,
         response_mask,
@@ -214,9 +222,7 @@ def reinforce_loss(
     """
     _check_loss_inputs(logprob=logprob, advantages=advantages, response_mask=response_mask)
     per_token = -advantages * logprob
-    if is_weights is not None:
-        check_same_shape(("is_weights", is_weights), ("logprob", logprob))
-        per_token = per_token * is_weights.detach()
+    per_token = _weighted(per_token, is_weights, logprob)
     loss = aggregate_loss(
         per_token,
         response_mask,
