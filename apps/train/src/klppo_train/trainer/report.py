@@ -39,19 +39,45 @@ def _series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], lis
 def plot_metrics(records: list[dict], path: Path, panels=PLOTTED) -> Path:
     """One PNG with a panel per plotted metric (``panels``: (pattern, title)) against the
     step; written atomically."""
+    return plot_runs({"": records}, path, panels)
+
+
+def group_means(runs: dict[str, list[dict]], key: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Per group of runs (a label's text before its first "/": "tis/s1" and "tis/s2" are
+    one group), the mean of metric ``key`` over the group's runs, at the steps where every
+    one of them recorded it: ``{group: (steps, means)}``."""
+    members: dict[str, list[dict[int, float]]] = {}
+    for label, records in runs.items():
+        seen = {r["step"]: r[key] for r in records if key in r}
+        members.setdefault(label.split("/", 1)[0], []).append(seen)
+    out = {}
+    for group, seen in members.items():
+        steps = sorted(set.intersection(*(set(s) for s in seen)))
+        out[group] = (steps, [sum(s[t] for s in seen) / len(seen) for t in steps])
+    return out
+
+
+def plot_runs(runs: dict[str, list[dict]], path: Path, panels=PLOTTED) -> Path:
+    """:func:`plot_metrics` for several runs (``{label: records}``): each run a thin line in
+    its group's colour (groups as :func:`group_means`), each group's mean a thick one, so
+    seeds of a setting read as a band around its mean. One run: its series as they are."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a training node
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
-    for ax, (pattern, title) in zip(axes, panels, strict=True):
-        for key, (steps, values) in _series(records, pattern).items():
-            ax.plot(steps, values, marker="." if len(steps) < 60 else None, label=key)
+    groups = list(dict.fromkeys(label.split("/", 1)[0] for label in runs))
+    colour = {group: f"C{i}" for i, group in enumerate(groups)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    for ax, (pattern, title) in zip(axes[0], panels, strict=True):
+        if len(runs) == 1:
+            _plot_series(ax, _series(next(iter(runs.values())), pattern))
+        else:
+            _plot_groups(ax, runs, pattern, colour)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if "*" in pattern and ax.lines:
+        if ("*" in pattern or len(runs) > 1) and ax.lines:
             ax.legend(fontsize=7)
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
@@ -59,6 +85,26 @@ def plot_metrics(records: list[dict], path: Path, panels=PLOTTED) -> Path:
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def _plot_series(ax, series: dict[str, tuple[list[int], list[float]]]) -> None:
+    for key, (steps, values) in series.items():
+        ax.plot(steps, values, marker="." if len(steps) < 60 else None, label=key)
+
+
+def _plot_groups(ax, runs: dict[str, list[dict]], pattern: str, colour: dict) -> None:
+    keys: dict[str, None] = {}
+    for label, records in runs.items():
+        for key, (steps, values) in _series(records, pattern).items():
+            keys[key] = None
+            ax.plot(steps, values, color=colour[label.split("/", 1)[0]], lw=0.8, alpha=0.35)
+    for key in keys:
+        for group, (steps, means) in group_means(runs, key).items():
+            size = sum(1 for label in runs if label.split("/", 1)[0] == group)
+            name = group if len(keys) == 1 else f"{group} {key}"
+            marker = "." if len(steps) < 60 else None
+            label = f"{name} (mean of {size})" if size > 1 else name
+            ax.plot(steps, means, color=colour[group], lw=2, marker=marker, label=label)
 
 
 def summarize(records: list[dict], minutes: float, run_dir: Path, plot: Path) -> dict:
