@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -81,6 +82,28 @@ def run_worker(py: Path, script: str, cfg: dict, allocator: str) -> dict:
             return {**row, "step_s": None, "error": tail}
         result = json.loads(Path(cfg["out"]).read_text())
     return {**row, **result, "step_s": result["steps_s"][steady_index(result["steps_s"])]}
+
+
+def step_timer():
+    """A ``transformers.TrainerCallback`` (imported here: it exists only in the TRL venv's
+    worker) whose ``times`` are the seconds of each optimizer step, measured end to end from
+    the end of the one before (the first from the start of training)."""
+    import transformers
+
+    class StepTimer(transformers.TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.last = 0.0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            self.times.append(now - self.last)
+            self.last = now
+
+    return StepTimer()
 
 
 def worker_allocator() -> str:

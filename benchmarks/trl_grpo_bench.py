@@ -47,11 +47,18 @@ import os
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _results import RESULTS_DIR, write_results
-from _trl import CACHE, bench_inputs, ensure_venv, print_table, run_worker, worker_allocator
+from _trl import (
+    CACHE,
+    bench_inputs,
+    ensure_venv,
+    print_table,
+    run_worker,
+    step_timer,
+    worker_allocator,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ["trl==1.16.0", "torch==2.13.0+cpu", "transformers==5.19.0", "accelerate==1.15.0"]
@@ -98,18 +105,6 @@ def worker(cfg: dict) -> None:
             last_number_score(c[-1]["content"], t) for c, t in zip(completions, truth, strict=True)
         ]
 
-    class StepTimer(transformers.TrainerCallback):
-        def __init__(self) -> None:
-            self.times, self.last = [], 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.last = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = time.perf_counter()
-            self.times.append(now - self.last)
-            self.last = now
-
     tok = transformers.AutoTokenizer.from_pretrained(cfg["model"], padding_side="left")
     tok.pad_token = "<|endoftext|>"  # SmolLM2's pad is <|im_end|> = eos, in every prompt
     dtype = torch.bfloat16 if base == "bf16w" else torch.float32
@@ -124,7 +119,7 @@ def worker(cfg: dict) -> None:
             r=r["lora_rank"], lora_alpha=r["lora_alpha"], target_modules=r["target_modules"],
             lora_dropout=0.0, task_type="CAUSAL_LM",
         )  # fmt: skip
-    timer = StepTimer()
+    timer = step_timer()
     with tempfile.TemporaryDirectory(prefix="trl_grpo_bench_") as tmp:
         args = GRPOConfig(
             output_dir=tmp, use_cpu=True, bf16=base != "fp32", seed=0, report_to="none",

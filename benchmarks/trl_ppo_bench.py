@@ -71,11 +71,18 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _results import RESULTS_DIR, write_results
-from _trl import CACHE, bench_inputs, ensure_venv, print_table, run_worker, worker_allocator
+from _trl import (
+    CACHE,
+    bench_inputs,
+    ensure_venv,
+    print_table,
+    run_worker,
+    step_timer,
+    worker_allocator,
+)
 
 PINS = ["trl==1.12.0", "torch==2.13.0+cpu", "transformers==5.19.0", "accelerate==1.15.0"]
 
@@ -135,18 +142,6 @@ def worker(cfg: dict) -> None:
                     return float(found is not None and int(found.group()) == answers[key])
             return 0.0
 
-    class StepTimer(transformers.TrainerCallback):
-        def __init__(self) -> None:
-            self.times, self.last = [], 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.last = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = time.perf_counter()
-            self.times.append(now - self.last)
-            self.last = now
-
     dtype = torch.bfloat16 if base == "bf16w" else torch.float32
     lm, seq_cls = transformers.AutoModelForCausalLM, transformers.AutoModelForSequenceClassification
     policy, ref = (lm.from_pretrained(cfg["model"], dtype=dtype) for _ in range(2))
@@ -163,7 +158,7 @@ def worker(cfg: dict) -> None:
     opt = torch.optim.AdamW(groups, weight_decay=r["weight_decay"])
     pad = transformers.DataCollatorWithPadding(tok)
     dataset = Dataset.from_dict({"input_ids": ids})
-    timer = StepTimer()
+    timer = step_timer()
     with tempfile.TemporaryDirectory(prefix="trl_ppo_bench_") as tmp:
         args = PPOConfig(
             output_dir=tmp, use_cpu=True, bf16=base != "fp32", seed=0, report_to="none",
