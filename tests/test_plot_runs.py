@@ -37,6 +37,7 @@ def test_group_means_average_each_group_at_the_steps_all_its_runs_have() -> None
     uneven = group_means({"a/1": RUNS["tis/s1"], "a/2": RUNS["plain/s1"]}, ACC)
     assert uneven["a"][0] == [0, 20]  # step 10 is in one run only
     assert uneven["a"][1] == pytest.approx([0.3, 0.6])
+    assert group_means(RUNS, "rollout_corr/rollout_is_max") == {}  # no run recorded it
 
 
 def write_runs(tmp_path: Path) -> list[str]:

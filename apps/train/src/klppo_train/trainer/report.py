@@ -45,7 +45,8 @@ def plot_metrics(records: list[dict], path: Path, panels=PLOTTED) -> Path:
 def group_means(runs: dict[str, list[dict]], key: str) -> dict[str, tuple[list[int], list[float]]]:
     """Per group of runs (a label's text before its first "/": "tis/s1" and "tis/s2" are
     one group), the mean of metric ``key`` over the group's runs, at the steps where every
-    one of them recorded it: ``{group: (steps, means)}``."""
+    one of them recorded it: ``{group: (steps, means)}``, without groups that have no such
+    step."""
     members: dict[str, list[dict[int, float]]] = {}
     for label, records in runs.items():
         seen = {r["step"]: r[key] for r in records if key in r}
@@ -53,7 +54,8 @@ def group_means(runs: dict[str, list[dict]], key: str) -> dict[str, tuple[list[i
     out = {}
     for group, seen in members.items():
         steps = sorted(set.intersection(*(set(s) for s in seen)))
-        out[group] = (steps, [sum(s[t] for s in seen) / len(seen) for t in steps])
+        if steps:  # a group that never recorded the metric draws no line
+            out[group] = (steps, [sum(s[t] for s in seen) / len(seen) for t in steps])
     return out
 
 
