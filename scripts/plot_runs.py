@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from klppo_train.tracking.metrics_log import read_jsonl
-from klppo_train.trainer.report import PLOTTED, _series, plot_runs
+from klppo_train.trainer.report import PLOTTED, metric_series, plot_runs, run_group
 
 
 def _parse() -> argparse.Namespace:
@@ -39,9 +39,9 @@ def last_values(runs: dict[str, list[dict]], patterns: list[str]) -> list[str]:
     lines, by_group = [], {}
     for label, records in runs.items():
         for pattern in patterns:
-            for key, (steps, values) in _series(records, pattern).items():
+            for key, (steps, values) in metric_series(records, pattern).items():
                 lines.append(f"{label:<16} {key:<40} step {steps[-1]:>4}  {values[-1]:.4f}")
-                by_group.setdefault((label.split("/", 1)[0], key), []).append(values[-1])
+                by_group.setdefault((run_group(label), key), []).append(values[-1])
     for (group, key), finals in by_group.items():
         mean = sum(finals) / len(finals)
         lines.append(f"{group + ' mean':<16} {key:<40} ({len(finals)} runs)  {mean:.4f}")

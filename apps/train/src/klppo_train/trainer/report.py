@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from pathlib import Path
 
 log = logging.getLogger("klppo_train")
@@ -22,7 +23,9 @@ PLOTTED_RM = (("rm/loss", "pairwise loss"), ("*rm/accuracy", "pairwise accuracy 
 SHOWN_RM = {"loss": "rm/loss", "acc": "rm/accuracy"}
 
 
-def _series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
+def metric_series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
+    """``{key: (steps, values)}`` of every metric ``key`` matching ``pattern`` (a name, or
+    one with a single ``*``)."""
     prefix, _, suffix = pattern.partition("*")
     out: dict[str, tuple[list[int], list[float]]] = {}
     for r in records:
@@ -43,14 +46,13 @@ def plot_metrics(records: list[dict], path: Path, panels=PLOTTED) -> Path:
 
 
 def group_means(runs: dict[str, list[dict]], key: str) -> dict[str, tuple[list[int], list[float]]]:
-    """Per group of runs (a label's text before its first "/": "tis/s1" and "tis/s2" are
-    one group), the mean of metric ``key`` over the group's runs, at the steps where every
-    one of them recorded it: ``{group: (steps, means)}``, without groups that have no such
-    step."""
+    """Per group of runs (:func:`run_group`: "tis/s1" and "tis/s2" are one group), the
+    mean of metric ``key`` over the group's runs, at the steps where every one of them
+    recorded it: ``{group: (steps, means)}``, without groups that have no such step."""
     members: dict[str, list[dict[int, float]]] = {}
     for label, records in runs.items():
         seen = {r["step"]: r[key] for r in records if key in r}
-        members.setdefault(label.split("/", 1)[0], []).append(seen)
+        members.setdefault(run_group(label), []).append(seen)
     out = {}
     for group, seen in members.items():
         steps = sorted(set.intersection(*(set(s) for s in seen)))
@@ -68,12 +70,12 @@ def plot_runs(runs: dict[str, list[dict]], path: Path, panels=PLOTTED) -> Path:
     matplotlib.use("Agg")  # files only: no display on a training node
     import matplotlib.pyplot as plt
 
-    groups = list(dict.fromkeys(label.split("/", 1)[0] for label in runs))
+    groups = list(dict.fromkeys(run_group(label) for label in runs))
     colour = {group: f"C{i}" for i, group in enumerate(groups)}
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for ax, (pattern, title) in zip(axes[0], panels, strict=True):
         if len(runs) == 1:
-            _plot_series(ax, _series(next(iter(runs.values())), pattern))
+            _plot_series(ax, metric_series(next(iter(runs.values())), pattern))
         else:
             _plot_groups(ax, runs, pattern, colour)
         ax.set_title(title)
@@ -89,24 +91,32 @@ def plot_runs(runs: dict[str, list[dict]], path: Path, panels=PLOTTED) -> Path:
     return path
 
 
+def run_group(label: str) -> str:
+    """A run label's group: its text before the first "/" ("tis/s1" → "tis")."""
+    return label.split("/", 1)[0]
+
+
+def _marker(steps: list[int]) -> str | None:
+    return "." if len(steps) < 60 else None  # points only where they stay readable
+
+
 def _plot_series(ax, series: dict[str, tuple[list[int], list[float]]]) -> None:
     for key, (steps, values) in series.items():
-        ax.plot(steps, values, marker="." if len(steps) < 60 else None, label=key)
+        ax.plot(steps, values, marker=_marker(steps), label=key)
 
 
 def _plot_groups(ax, runs: dict[str, list[dict]], pattern: str, colour: dict) -> None:
     keys: dict[str, None] = {}
     for label, records in runs.items():
-        for key, (steps, values) in _series(records, pattern).items():
+        for key, (steps, values) in metric_series(records, pattern).items():
             keys[key] = None
-            ax.plot(steps, values, color=colour[label.split("/", 1)[0]], lw=0.8, alpha=0.35)
+            ax.plot(steps, values, color=colour[run_group(label)], lw=0.8, alpha=0.35)
+    sizes = Counter(run_group(label) for label in runs)
     for key in keys:
         for group, (steps, means) in group_means(runs, key).items():
-            size = sum(1 for label in runs if label.split("/", 1)[0] == group)
             name = group if len(keys) == 1 else f"{group} {key}"
-            marker = "." if len(steps) < 60 else None
-            label = f"{name} (mean of {size})" if size > 1 else name
-            ax.plot(steps, means, color=colour[group], lw=2, marker=marker, label=label)
+            label = f"{name} (mean of {sizes[group]})" if sizes[group] > 1 else name
+            ax.plot(steps, means, color=colour[group], lw=2, marker=_marker(steps), label=label)
 
 
 def summarize(records: list[dict], minutes: float, run_dir: Path, plot: Path) -> dict:
