@@ -290,9 +290,7 @@ def test_reference_normalization_gives_its_samples_mean_0_std_1() -> None:
     found = calibrate_reward_model(c, items)
     assert found["samples"] == 8 and found["std"] > 0
     # the same samples again (the same seeds), scored as the reward uses them
-    from klppo_train.ppo.step import _generate
-
-    mine, t, _ = _generate(c, items[:4], 0, range(4))
+    mine, t, _ = c.rollouts.generate(items[:4], 0, range(4))
     score = c.reward_model.score(c.reward_model.scoring(t, c.budgets, 0, mine), t).double()
     assert float(score.mean()) == pytest.approx(0.0, abs=1e-5)
     assert float(score.std()) == pytest.approx(1.0, abs=1e-5)

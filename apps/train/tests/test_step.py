@@ -2,6 +2,7 @@
 
 import copy
 import math
+from dataclasses import replace
 
 import torch
 from transformers import Qwen2ForTokenClassification
@@ -14,7 +15,7 @@ from klppo_train.data.datasets import DataConfig, PromptDataset
 from klppo_train.data.rewards import RewardManager
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.ppo.step import ppo_step
+from klppo_train.ppo.step import ppo_step, train_on
 from klppo_train.ppo.trainee import mini_batches
 from klppo_train.runtime.packed_attention import VARLEN
 from klppo_train.trainer.assemble import StepBuilder
@@ -166,6 +167,36 @@ def test_on_policy_step_skips_the_old_log_prob_pass() -> None:
     # two mini-batches: the pass runs (once: one micro-batch at this budget)
     metrics, calls = _step_with(["algorithm.use_kl_in_reward=false"])
     assert calls == 1 and metrics["actor/on_policy_shortcut"] == 0.0
+
+
+def test_train_on_takes_trajectories_without_an_engine_and_checks_their_versions() -> None:
+    """``train_on`` trains on trajectories alone (no engine, no weight sync); the on-policy
+    shortcut is taken only for samples of the weights being trained (version step - 1)."""
+    on_policy = ("actor.ppo_mini_batch_size=4", "algorithm.use_kl_in_reward=false")
+    tokenizer = build_tokenizer()
+    _, c = components(tokenizer, on_policy)
+    items = PromptDataset(
+        make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
+    ).items
+    collected = c.rollouts.collect(items, step=1)  # the engine holds version 0
+    mine, t = collected.items, collected.trajectories
+    assert t.sample_versions.tolist() == [0] * 8
+    c.engine = c.weight_sync = c.rollouts = None  # nothing to generate or sync with
+    calls = _count_forwards(c.actor.model)
+    fresh = train_on(c, mine, t, step=1)  # trains version 0 into 1
+    assert calls[0] == 0 and fresh["actor/on_policy_shortcut"] == 1.0
+    assert "timing_s/old_log_prob" not in fresh
+    # the same samples as update 2: the trainer holds version 1, they are of version 0
+    stale = train_on(c, mine, t, step=2)
+    assert calls[0] == 1 and stale["actor/on_policy_shortcut"] == 0.0
+    assert stale["rollout/logprob_diff_max"] > fresh["rollout/logprob_diff_max"]
+    # one sample of an older version among current ones is enough to refuse it
+    older = torch.tensor([2] * 7 + [1])
+    mixed = train_on(c, mine, replace(t, sample_versions=older, policy_version=1), step=3)
+    assert calls[0] == 2 and mixed["actor/on_policy_shortcut"] == 0.0
+    now = torch.full((8,), 3)
+    current = train_on(c, mine, replace(t, sample_versions=now, policy_version=3), step=4)
+    assert calls[0] == 2 and current["actor/on_policy_shortcut"] == 1.0
 
 
 def test_shared_prompts_run_fewer_tokens_for_the_same_step() -> None:

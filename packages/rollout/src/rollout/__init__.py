@@ -3,7 +3,8 @@
 - :class:`SamplingConfig`; :class:`RolloutEngine` (Protocol); :class:`RolloutBatch`, :class:`Sample`
 - :class:`HFEngine` (+ :class:`HFEngineConfig`): transformers ``generate``
 - :class:`VLLMEngine` (+ :class:`VLLMConfig`): vLLM, imported only when constructed
-- :class:`WeightSync`, :func:`logprob_mismatch`; :func:`left_pad` (prompts as ``[B, P]`` tensors)
+- :class:`WeightPublisher` (Protocol): :class:`WeightSync`, :func:`logprob_mismatch`;
+  :func:`left_pad` (prompts as ``[B, P]`` tensors)
 - LoRA: :class:`AdapterSync` (only the adapters sent, merged into the engine's base weights),
   :class:`BaseWeights`, :func:`merged_weights`, :func:`adapter_module`
 """
@@ -32,6 +33,7 @@ _EXPORTS = {
     "SamplingConfig": "config",
     "VLLMConfig": "config",
     "VLLMEngine": "vllm_engine",
+    "WeightPublisher": "protocol",
     "WeightSync": "sync",
     "left_pad": "types",
     "logprob_mismatch": "sync",

@@ -56,3 +56,21 @@ class RolloutEngine(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class WeightPublisher(Protocol):
+    """What carries the trainer's weights to the generating side: :class:`rollout.WeightSync`
+    (every weight) and :class:`rollout.AdapterSync` (LoRA adapters, merged on arrival).
+
+    Contract:
+        - ``version`` is the last version published (the engine's at construction).
+        - ``sync(version)`` publishes the trainer's current weights as ``version``, which
+          must exceed the last one; every trainer rank calls it (the weights are gathered
+          with collectives); it returns ``rollout/weight_sync_bytes`` and
+          ``timing_s/update_weights``.
+    """
+
+    version: int
+
+    def sync(self, version: int) -> dict[str, float]: ...

@@ -20,6 +20,9 @@ class Sample:
             same length as the tokens.
         finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``.
         policy_version: version of the weights that generated it.
+        loss_mask: 1 for each response token a trainer learns from, 0 for one it must not
+            (a tool's output or an environment's observation inside a multi-turn
+            response), same length as the tokens; None: every token (all were generated).
     """
 
     prompt_index: int
@@ -27,6 +30,14 @@ class Sample:
     logprobs: tuple[float, ...]
     finish_reason: str
     policy_version: int
+    loss_mask: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.response_token_ids):
+            raise ValueError(
+                f"Sample.loss_mask has {len(self.loss_mask)} entries for "
+                f"{len(self.response_token_ids)} response tokens"
+            )
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,18 @@ class RolloutBatch:
             logprobs[row, :length] = torch.tensor(sample.logprobs, dtype=torch.float32)
             mask[row, :length] = 1
         return ids, logprobs, mask
+
+    def loss_masks(self, width: int) -> torch.Tensor:
+        """``[B, width]`` long: each sample's :attr:`Sample.loss_mask` (1 on every token
+        where it is None), 0 at padding."""
+        mask = torch.zeros(len(self), width, dtype=torch.long)
+        for row, sample in enumerate(self.samples):
+            length = len(sample.response_token_ids)
+            if length > width:
+                raise ValueError(f"sample {row} has {length} tokens, more than width={width}")
+            given = sample.loss_mask
+            mask[row, :length] = torch.tensor(given, dtype=torch.long) if given else 1
+        return mask
 
 
 def left_pad(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -22,10 +22,13 @@ from klppo_train.ppo.passes import ForwardPass
 from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.serve import RewardModelReward
-from klppo_train.runtime.engine import RolloutStats, Sampling
+from klppo_train.runtime.engine import Sampling
 from klppo_train.runtime.sequence_parallel import SequenceParallel
 from ppo_core import AdaptiveKLController, FixedKLController
-from rollout import RolloutEngine, WeightSync
+from rollout import RolloutEngine, WeightPublisher
+
+if TYPE_CHECKING:
+    from klppo_train.ppo.rollouts import RolloutSource
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,13 @@ class StepPlan:
 class Components:
     """The run's trainees, passes, engine and resolved choices (constructor injection).
 
-    ``old_log_prob`` is None on the on-policy shortcut (one mini-batch, one epoch, no KL in
-    the reward: logπ_old = sg(logπ)); ``ref`` without a KL path; ``values``/``critic``
+    ``rollouts``: where the steps' trajectories come from and the new weights go (the
+    colocated ``engine`` and ``weight_sync`` today; validation reads the engine directly).
+    ``old_log_prob`` is None in rollout correction's bypass mode (π_old = π_rollout);
+    ``on_policy_shortcut``: the configuration allows skipping it (one mini-batch, one epoch,
+    no KL in the reward, no decoupled correction: logπ_old = sg(logπ)), which a step does
+    only for samples of the weights it trains (:func:`klppo_train.ppo.step.train_on`);
+    ``ref`` without a KL path; ``values``/``critic``
     without a critic; ``kl_in_reward`` without ``algorithm.use_kl_in_reward`` (the
     controller is kept either way: it is checkpointed); ``reward_model`` without
     ``reward_model.enable`` (rule rewards only). ``budgets``: the token budgets in
@@ -56,7 +64,8 @@ class Components:
 
     actor: Trainee
     engine: RolloutEngine
-    weight_sync: WeightSync
+    weight_sync: WeightPublisher
+    rollouts: RolloutSource
     tokenizer: Any  # a HF tokenizer (any class: the embedded one is a plain fast tokenizer)
     rewards: RewardManager
     kl_controller: FixedKLController | AdaptiveKLController
@@ -64,13 +73,13 @@ class Components:
     plan: StepPlan
     kl_in_reward: KLInReward | None = None
     old_log_prob: ForwardPass | None = None
+    on_policy_shortcut: bool = False
     ref: ForwardPass | None = None
     values: ForwardPass | None = None
     critic: Trainee | None = None
     reward_model: RewardModelReward | None = None
     update_flops_per_token: float = 0.0  # the actor update's: 6 per trained parameter, 4 per frozen
     budgets: RunBudgets | None = None
-    rollout_stats: RolloutStats | None = None  # vLLM's counters per step (log stats on)
     export_actor: Callable[[Path], Any] | None = None  # run_dir → the final HF export(s)
     rollout_correction: RolloutCorrection | None = None  # algorithm.rollout_correction
 
@@ -82,7 +91,8 @@ class Components:
         ``ROLES[role].probed_pass``), or None when that pass does not run here."""
         name = ROLES[role].probed_pass
         scoring = self.reward_model.scoring if self.reward_model is not None else None
-        forward = [p for p in (self.old_log_prob, self.ref, self.values, scoring) if p]
+        old = None if self.on_policy_shortcut else self.old_log_prob  # on-policy: not run
+        forward = [p for p in (old, self.ref, self.values, scoring) if p]
         updates = [t for t in self.trainees() if t.update.name == name]
         return next((p for p in forward if p.name == name), updates[0] if updates else None)
 

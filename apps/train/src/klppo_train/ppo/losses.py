@@ -44,11 +44,11 @@ class GlobalCounts:
     dp_size: int
 
     @classmethod
-    def of(cls, response_mask: torch.Tensor) -> GlobalCounts:
-        """The counts of ``response_mask`` ``[B, T]`` (this rank's rows), summed over ranks."""
+    def of(cls, loss_mask: torch.Tensor) -> GlobalCounts:
+        """The counts of a loss mask ``[B, T]`` (this rank's rows), summed over ranks."""
         return cls(
-            sum_over_ranks(response_mask.sum()),
-            sum_over_ranks((response_mask.sum(-1) > 0).sum()),
+            sum_over_ranks(loss_mask.sum()),
+            sum_over_ranks((loss_mask.sum(-1) > 0).sum()),
             dp_size(),
         )
 
@@ -99,7 +99,7 @@ class PolicyLoss:
             model,
             mb.input_ids,
             mb.attention_mask,
-            mb.response_mask.shape[1],
+            mb.response_length,
             max_tokens=None,  # the micro-batch the trainee planned, as it is
             temperature=self.temperature,
             with_entropy=self.entropy_coeff > 0 or measures,
@@ -113,21 +113,19 @@ class PolicyLoss:
                 logprobs,
                 logprobs.detach() if on_policy else mb.old_logprobs,
                 mb.advantages,
-                mb.response_mask,
+                mb.loss_mask,
                 is_weights=mb.is_weights,
                 **self._clip_kwargs(counts),
             )
         if entropy is not None:
             loss = self._entropy_bonus(loss, entropy, mb, counts, metrics)
         if measures:
-            metrics.update(
-                logprob_mismatch(mb.engine_logprobs, logprobs.detach(), mb.response_mask)
-            )
+            metrics.update(logprob_mismatch(mb.engine_logprobs, logprobs.detach(), mb.loss_mask))
         if self.use_kl_loss and mb.ref_logprobs is not None:
             kl = kl_penalty(logprobs, mb.ref_logprobs, self.kl_loss_type)
-            kl_loss = aggregate_loss(kl, mb.response_mask, self.loss_agg_mode, **counts.kwargs())
+            kl_loss = aggregate_loss(kl, mb.loss_mask, self.loss_agg_mode, **counts.kwargs())
             loss = loss + self.kl_loss_coef * kl_loss
-            metrics["kl_loss"] = masked_mean(kl.detach(), mb.response_mask)
+            metrics["kl_loss"] = masked_mean(kl.detach(), mb.loss_mask)
         return loss, metrics
 
     def _clip_kwargs(self, counts: GlobalCounts) -> dict:
@@ -145,7 +143,7 @@ class PolicyLoss:
         """verl's bypass mode: ``ppo_clip`` clips the ratio to π_rollout over the kept tokens
         (weights only measured); ``reinforce`` is −A·log π_θ·w over them. The global counts
         stay those of the whole mask (a rejected token counts as a 0 loss)."""
-        weights, mask, metrics = self.bypass.in_loss(logprobs, mb.old_logprobs, mb.response_mask)
+        weights, mask, metrics = self.bypass.in_loss(logprobs, mb.old_logprobs, mb.loss_mask)
         if self.bypass.loss_type == "reinforce":
             loss, more = reinforce_loss(
                 logprobs, mb.advantages, mask, is_weights=weights,
@@ -159,9 +157,9 @@ class PolicyLoss:
 
     def _entropy_bonus(self, loss, entropy, mb: Trajectories, counts, metrics) -> torch.Tensor:
         if self.entropy_coeff > 0:
-            bonus = aggregate_loss(entropy, mb.response_mask, self.loss_agg_mode, **counts.kwargs())
+            bonus = aggregate_loss(entropy, mb.loss_mask, self.loss_agg_mode, **counts.kwargs())
             loss = loss - self.entropy_coeff * bonus
-        metrics["entropy"] = masked_mean(entropy.detach(), mb.response_mask)
+        metrics["entropy"] = masked_mean(entropy.detach(), mb.loss_mask)
         return loss
 
 
@@ -182,7 +180,7 @@ class ValueLoss:
             model,
             mb.input_ids,
             mb.attention_mask,
-            mb.response_mask.shape[1],
+            mb.response_length,
             max_tokens=None,  # the micro-batch the trainee planned, as it is
             share_prompts=self.share_prompts,
             sp=self.sp,
@@ -191,7 +189,7 @@ class ValueLoss:
             values,
             mb.values,
             mb.returns,
-            mb.response_mask,
+            mb.loss_mask,
             clip_range=self.cliprange_value,
             agg_mode=self.loss_agg_mode,
             **counts.kwargs(),

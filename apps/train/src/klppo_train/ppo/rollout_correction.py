@@ -89,7 +89,7 @@ class RolloutCorrection:
         rejected tokens or None, metrics)``."""
         dp_sum = sum_over_ranks if dp_size() > 1 else None
         weights, mask, metrics = self.weights_and_mask(
-            t.old_logprobs, t.engine_logprobs, t.response_mask, dp_sum
+            t.old_logprobs, t.engine_logprobs, t.loss_mask, dp_sum
         )
         floats = {PREFIX + k: float(v) for k, v in metrics.items()}
         return replace(t, is_weights=weights), mask if self.rules else None, floats

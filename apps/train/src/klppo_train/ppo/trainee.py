@@ -84,7 +84,7 @@ class Trainee:
         ``/`` is kept as is; ``*_max`` ones take the maximum). Micro-batches the other ranks
         run beyond this rank's own are ``filler`` (one row; default ``batch``'s first) with
         its loss times zero: FSDP's collectives pair up, the gradient is unchanged."""
-        mask = batch.response_mask
+        mask = batch.loss_mask
         counts = GlobalCounts.of(mask)
         total = max(float(counts.global_num_tokens), 1.0)
         plan = self._plan(batch, max_tokens)
@@ -95,7 +95,7 @@ class Trainee:
             mb = batch.rows(torch.tensor(members, device=mask.device)) if real else filler
             loss, metrics = self.loss(self.model, mb, counts)
             (loss if real else loss * 0.0).backward()
-            weight = float(mb.response_mask.sum()) / total if real else 0.0
+            weight = float(mb.loss_mask.sum()) / total if real else 0.0
             for name, value in metrics.items():
                 share = (1.0 / counts.dp_size if real else 0.0) if name in SHARE_METRICS else weight
                 key = name if "/" in name else f"{self.name}/{name}"
@@ -109,7 +109,7 @@ class Trainee:
         lengths = batch.attention_mask.sum(-1)
         prefixes = None
         if self.share_prompts:
-            prompt_length = batch.input_ids.shape[1] - batch.response_mask.shape[1]
+            prompt_length = batch.input_ids.shape[1] - batch.response_length
             prefixes = prompt_prefixes(batch.input_ids, batch.attention_mask, prompt_length)
 
         def plan(count: int | None) -> list[list[int]]:

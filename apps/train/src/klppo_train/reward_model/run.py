@@ -47,24 +47,18 @@ from klppo_train.reward_model.training import (
 )
 from klppo_train.runtime.precision import resolve_precision
 from klppo_train.runtime.process_group import (
-    global_metrics,
-    init_distributed,
     is_main,
     rank_slice,
     world_size,
 )
-from klppo_train.tracking.metrics_log import MetricsLog, Tracking
+from klppo_train.tracking.metrics_log import Tracking
+from klppo_train.trainer import loop
 from klppo_train.trainer.assemble import adamw
 from klppo_train.trainer.build import _load, _sharded, _values_not_a_view
-from klppo_train.trainer.checkpoints import (
-    BudgetsInForce,
-    RNGStates,
-    load_checkpoint_dir,
-    resolve_resume,
-    save_checkpoint_dir,
-)
+from klppo_train.trainer.checkpoints import BudgetsInForce, RNGStates, Stateful
+from klppo_train.trainer.loop import LoopSettings
 from klppo_train.trainer.report import PLOTTED_RM, SHOWN_RM
-from klppo_train.trainer.run import _due, finish, prepare_run_dir, total_steps
+from klppo_train.trainer.run_dir import prepare_run_dir, total_steps
 from klppo_train.trainer.schedule import make_scheduler
 
 log = logging.getLogger("klppo_train")
@@ -136,77 +130,93 @@ def probe_shape(cfg: AppConfig) -> ProbeShape:
 
 
 def train_reward_model(cfg: AppConfig, checked: CheckedPairs | None = None) -> dict:
-    """Train (resuming if asked), export ``run_dir/reward_model_hf``; the summary."""
+    """Train under the one loop (resuming if asked), export ``run_dir/reward_model_hf``;
+    the summary."""
     checked = checked or preflight_pairs(cfg, launch_world_size())
-    init_distributed(cfg.trainer.collective_timeout_s)
-    try:
-        start = time.perf_counter()
-        run_dir, model_dir = prepare_run_dir(cfg)
-        torch.manual_seed(cfg.trainer.seed)
+    return loop.run(
+        LoopSettings.of(cfg.trainer),
+        lambda: prepare_run_dir(cfg),
+        lambda model_dir: RewardModelTask.build(cfg, checked, model_dir),
+        Tracking.from_config(cfg),
+    )
+
+
+@dataclass
+class RewardModelTask:
+    """Reward-model training as a task of :mod:`klppo_train.trainer.loop`: a step is one
+    optimizer step on the loader's next pairs (each rank its share); validation is the
+    held-out pairwise accuracy; the export is ``reward_model_hf``."""
+
+    run: RewardModelRun
+    checked: CheckedPairs
+    loader: PromptLoader
+    scheduler: Any
+    total_steps: int
+    configured_budget: int | str
+    shape: ProbeShape
+    label: str = "reward model"
+    shown: dict = field(default_factory=lambda: dict(SHOWN_RM))
+    panels: tuple = PLOTTED_RM
+    validated_at: int | None = None  # the step of ``run.scores``
+
+    @classmethod
+    def build(cls, cfg: AppConfig, checked: CheckedPairs, model_dir: Path) -> RewardModelTask:
         model = build_reward_model(cfg, model_dir)
         run = RewardModelRun(reward_trainee(cfg, model), checked.tokenizer)
-        metrics_log = _steps(run, cfg, checked, run_dir)
-        return finish(run_dir, metrics_log, start, PLOTTED_RM)
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        d, rt = cfg.data, cfg.reward_training
+        loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
+        steps = total_steps(cfg.trainer, len(loader))
+        scheduler = make_scheduler(
+            run.trainee.optimizer, warmup_steps=rt.lr_warmup_steps, total_steps=steps,
+            kind=rt.lr_scheduler,
+        )  # fmt: skip
+        budget = configured(cfg, "reward_training")
+        return cls(run, checked, loader, scheduler, steps, budget, probe_shape(cfg))
 
+    def trainees(self) -> list[RewardTrainee]:
+        return self.run.trainees()
 
-def _budgets(run: RewardModelRun, cfg: AppConfig, run_dir: Path) -> None:
-    path = run_dir / BUDGETS_FILE if is_main() else None
-    if run.budgets is None:
-        chosen = {"reward_training": configured(cfg, "reward_training")}
-        run.budgets = choose_budgets(run, chosen, probe_shape(cfg), path)
-    else:
-        run.budgets.path = path
-        run.budgets.write()
+    def states(self) -> dict[str, Stateful]:
+        return {"lr_scheduler/reward_model": self.scheduler, "loader": self.loader,
+                "budgets": BudgetsInForce(self.run), "rng": RNGStates()}  # fmt: skip
 
+    def start(self, first: int, run_dir: Path) -> None:
+        """A checkpoint's token budget, else the config's (``auto``: probed)."""
+        run = self.run
+        path = run_dir / BUDGETS_FILE if is_main() else None
+        if run.budgets is None:
+            chosen = {"reward_training": self.configured_budget}
+            run.budgets = choose_budgets(run, chosen, self.shape, path)
+        else:
+            run.budgets.path = path
+            run.budgets.write()
 
-def _validate(run: RewardModelRun, checked: CheckedPairs) -> dict[str, float]:
-    if not len(checked.val):
-        return {}
-    budget = run.budgets["reward_training"]
-    pad = run.tokenizer.pad_token_id
-    metrics, run.scores = pairwise_accuracy(run.trainee.model, checked.val.pairs, pad, budget)
-    return metrics
-
-
-def _steps(run: RewardModelRun, cfg: AppConfig, checked: CheckedPairs, run_dir: Path):
-    trainer = cfg.trainer
-    loader = PromptLoader(checked.train, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
-    steps = total_steps(trainer, len(loader))
-    rt = cfg.reward_training
-    scheduler = make_scheduler(
-        run.trainee.optimizer, warmup_steps=rt.lr_warmup_steps, total_steps=steps,
-        kind=rt.lr_scheduler,
-    )  # fmt: skip
-    states = {"lr_scheduler/reward_model": scheduler, "loader": loader,
-              "budgets": BudgetsInForce(run), "rng": RNGStates()}  # fmt: skip
-    resume_from = resolve_resume(run_dir, trainer.resume_mode, first="reward_model")
-    first = load_checkpoint_dir(resume_from, run.trainees(), states) if resume_from else 0
-    _budgets(run, cfg, run_dir)
-    tracking = Tracking.from_config(cfg)
-    metrics_log = MetricsLog(run_dir, first, steps, tracking, is_main(), "reward model", SHOWN_RM)
-    if not first and trainer.val_before_train:
-        metrics_log.log(0, _validate(run, checked))
-    last = min(steps, trainer.stop_at_step or steps)
-    for step in range(first + 1, last + 1):
+    def step(self, step: int) -> dict[str, float]:
         started = time.perf_counter()
-        batch = PairBatch.of(rank_slice(loader.next_batch()), run.tokenizer.pad_token_id)
+        run = self.run
+        batch = PairBatch.of(rank_slice(self.loader.next_batch()), run.tokenizer.pad_token_id)
         metrics = run.trainee.train(batch, run.budgets, step)
-        scheduler.step()
+        self.scheduler.step()
         metrics.update(run.budgets.metrics())
         metrics["timing_s/step"] = time.perf_counter() - started
-        if trainer.test_freq and _due(step, trainer.test_freq, steps):
-            metrics.update(_validate(run, checked))
-        metrics_log.log(step, global_metrics(metrics))
-        if _due(step, trainer.save_freq, last):
-            save_checkpoint_dir(run_dir, run.trainees(), states, step, trainer.max_ckpt_to_keep)
-    metrics_log.close()
-    if last == steps:
-        validated = "val/rm/accuracy" in metrics_log.records[-1]
-        _export(run, checked, run_dir, run.scores if validated else [])
-    return metrics_log
+        return metrics
+
+    def validate(self, step: int) -> tuple[dict[str, float], list]:
+        if not len(self.checked.val):
+            return {}, []
+        run = self.run
+        budget, pad = run.budgets["reward_training"], run.tokenizer.pad_token_id
+        pairs = self.checked.val.pairs
+        metrics, run.scores = pairwise_accuracy(run.trainee.model, pairs, pad, budget)
+        self.validated_at = step
+        return metrics, []
+
+    def export(self, run_dir: Path) -> None:
+        scores = self.run.scores if self.validated_at == self.total_steps else []
+        _export(self.run, self.checked, run_dir, scores)
+
+    def close(self) -> None:
+        pass
 
 
 def _export(run: RewardModelRun, checked: CheckedPairs, run_dir: Path, scores: list) -> None:

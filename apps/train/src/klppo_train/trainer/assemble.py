@@ -29,6 +29,7 @@ from klppo_train.ppo.components import Components, StepPlan
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.passes import ForwardPass, Pass
 from klppo_train.ppo.rollout_correction import RolloutCorrection
+from klppo_train.ppo.rollouts import ColocatedRollouts
 from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.hf_dir import stored_normalization
 from klppo_train.reward_model.serve import (
@@ -41,7 +42,7 @@ from klppo_train.runtime.engine import RolloutStats, Sampling
 from klppo_train.runtime.process_group import dp_size, sum_over_ranks
 from klppo_train.runtime.sequence_parallel import sequence_parallel
 from klppo_train.trainer.schedule import make_scheduler
-from rollout import RolloutEngine, WeightSync
+from rollout import RolloutEngine, WeightPublisher
 
 log = logging.getLogger("klppo_train")
 
@@ -60,6 +61,7 @@ class StepBuilder:
     def __init__(self, cfg: AppConfig) -> None:
         self.cfg = cfg
         self.sp = sequence_parallel(sequence_parallel_size(cfg))
+        self.response_length = cfg.rollout.sampling.max_new_tokens  # T, the plan's one width
 
     def skips_old_log_prob_pass(self) -> bool:
         """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not
@@ -88,7 +90,7 @@ class StepBuilder:
             name=name,
             micro_batch_size=static_micro_batch_size(cfg, PASS_ROLES[name]),
             model=model,
-            response_length=cfg.rollout.sampling.max_new_tokens,
+            response_length=self.response_length,
             share_prompts=cfg.model.share_prompts,
             temperature=cfg.rollout.sampling.temperature,
             sp=self.sp,
@@ -156,7 +158,7 @@ class StepBuilder:
             tokenizer,
             rm_tokenizer,
             max_prompt_length=self.cfg.data.max_prompt_length,
-            response_length=self.cfg.rollout.sampling.max_new_tokens,
+            response_length=self.response_length,
             stop_ids=self.stop_ids(tokenizer),
         )
 
@@ -167,7 +169,7 @@ class StepBuilder:
             name="reward_model",
             micro_batch_size=static_micro_batch_size(self.cfg, "reward_model"),
             model=model,
-            response_length=self.cfg.rollout.sampling.max_new_tokens,
+            response_length=self.response_length,
             share_prompts=False,
             retemplate=self.retemplate(tokenizer, rm_tokenizer),
         )
@@ -190,7 +192,7 @@ class StepBuilder:
         *,
         actor: nn.Module,
         engine: RolloutEngine,
-        weight_sync: WeightSync,
+        weight_sync: WeightPublisher,
         tokenizer,
         rewards: RewardManager,
         ref: nn.Module | None = None,
@@ -206,29 +208,29 @@ class StepBuilder:
         cfg = self.cfg
         kl_controller = make_kl_controller(cfg.algorithm)
         has_critic = critic is not None
+        plan = self.plan()
+        rollouts = ColocatedRollouts(
+            engine, weight_sync, plan, tokenizer.pad_token_id, self.rollout_stats(engine)
+        )
         return Components(
             actor=self.trainee("actor", actor, self.policy_loss()),
             engine=engine,
             weight_sync=weight_sync,
-            rollout_stats=self.rollout_stats(engine),
+            rollouts=rollouts,
             tokenizer=tokenizer,
             rewards=rewards,
             kl_controller=kl_controller,
             advantage_fn=make_advantage_fn(
                 cfg.algorithm, dp_sum=sum_over_ranks if dp_size() > 1 else None
             ),
-            plan=StepPlan(
-                sampling=self.sampling(),
-                response_length=cfg.rollout.sampling.max_new_tokens,
-                balance_batch=cfg.trainer.balance_batch,
-                sp=self.sp,
-            ),
+            plan=plan,
             kl_in_reward=(
                 KLInReward(cfg.algorithm.kl_penalty, kl_controller)
                 if cfg.algorithm.use_kl_in_reward
                 else None
             ),
             old_log_prob=self._old_log_prob_pass(actor),
+            on_policy_shortcut=self.skips_old_log_prob_pass(),
             ref=self.forward_pass("ref", ref) if ref is not None else None,
             values=self.forward_pass("values", critic, values=True) if has_critic else None,
             critic=self.trainee("critic", critic, self.value_loss()) if has_critic else None,
@@ -242,16 +244,27 @@ class StepBuilder:
             rollout_correction=self.rollout_correction(),
         )
 
+    def plan(self) -> StepPlan:
+        cfg = self.cfg
+        return StepPlan(
+            sampling=self.sampling(),
+            response_length=self.response_length,
+            balance_batch=cfg.trainer.balance_batch,
+            sp=self.sp,
+        )
+
     def _old_log_prob_pass(self, actor: nn.Module) -> ForwardPass | None:
+        """The old-log-prob pass; None in bypass mode. Built on the on-policy shortcut too:
+        a step runs it for samples of an older policy version."""
         if self.cfg.algorithm.rollout_correction.bypass_mode:
             log.info("rollout correction's bypass mode: logπ_old = the engine's, no old pass")
             return None
         if self.skips_old_log_prob_pass():
             log.info(
                 "on-policy steps (one mini-batch, actor.ppo_epochs=1, no KL in reward): "
-                "logπ_old = sg(logπ) in the update, no old-log-prob pass"
+                "logπ_old = sg(logπ) in the update, no old-log-prob pass for samples of the "
+                "weights being trained"
             )
-            return None
         return self.forward_pass("old_log_prob", actor, with_entropy=True)
 
     def rollout_stats(self, engine) -> RolloutStats | None:
@@ -273,7 +286,7 @@ class StepBuilder:
         cfg = self.cfg
         return ProbeShape(
             sequence=longest_sequence(cfg),
-            response=cfg.rollout.sampling.max_new_tokens,
+            response=self.response_length,
             step_rows=cfg.data.train_batch_size * cfg.rollout.sampling.n // dp_size(),
             quadratic=cfg.model.attn_implementation in QUADRATIC_ATTENTION,
             memory_limit_gib=cfg.trainer.memory_limit_gib,

@@ -1,8 +1,9 @@
 """Trainer checkpoints: everything a run needs to continue exactly where it stopped.
 
 ``run_dir/checkpoints/global_step_<N>/`` holds one folder per trainee (``actor/``,
-``critic/``: sharded model + optimizer, :meth:`Trainee.save`) and, with the actor, the
-trainer state: the step and every :class:`Stateful` of :func:`stateful` -- each LR
+``critic/``, ``reward_model/``: sharded model + optimizer, :meth:`Trainee.save`) and, with
+the first, the trainer state: the step and every :class:`Stateful` of the task
+(:meth:`klppo_train.trainer.loop.Task.states`) -- e.g. each LR
 scheduler, the KL controller, the data-loader position, the token budgets (as probed or
 backed off: a resumed run neither probes again nor forgets a halving) and the RNG states --
 each saving and loading itself (torchtitan's ``Stateful``). A step directory is written
@@ -28,8 +29,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fsdp_sharding import has_manifest, verify_manifest, write_manifest
 from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.config.errors import UserError
-from klppo_train.data.datasets import PromptLoader
-from klppo_train.ppo.components import Components
 from klppo_train.runtime.process_group import barrier, from_main, is_main, world_size
 
 log = logging.getLogger("klppo_train")
@@ -90,28 +89,6 @@ class BudgetsInForce:
             self.c.budgets = RunBudgets.from_state(
                 {k: v for k, v in state.items() if k != "world_size"}
             )
-
-
-def stateful(c: Components, schedulers: list, loader: PromptLoader) -> dict[str, Stateful]:
-    """Everything besides the trainees' models and optimizers that a resumed run needs, by
-    the name it is saved under (``schedulers``: one per trainee, in the same order)."""
-    lr = {f"lr_scheduler/{t.name}": s for t, s in zip(c.trainees(), schedulers, strict=True)}
-    rm = {"reward_model": c.reward_model} if c.reward_model is not None else {}
-    return {
-        **lr,
-        "kl_controller": c.kl_controller,
-        "loader": loader,
-        "budgets": BudgetsInForce(c),
-        "rng": RNGStates(),
-        **rm,  # the reward normalization in force
-    }
-
-
-def save_trainer_checkpoint(
-    run_dir: Path, c: Components, schedulers: list, loader: PromptLoader, step: int, keep: int
-) -> Path:
-    """Write ``global_step_<step>`` atomically (a collective); prune to the newest ``keep``."""
-    return save_checkpoint_dir(run_dir, c.trainees(), stateful(c, schedulers, loader), step, keep)
 
 
 def save_checkpoint_dir(
@@ -200,13 +177,6 @@ def newest_intact(run_dir: Path) -> Path | None:
         path.rename(kept)
         log.warning("checkpoint %s is damaged (%s): skipped, kept as %s", path, problem, kept)
     return None
-
-
-def load_trainer_checkpoint(
-    path: Path, c: Components, schedulers: list, loader: PromptLoader
-) -> int:
-    """Restore everything :func:`save_trainer_checkpoint` wrote; return the step it was at."""
-    return load_checkpoint_dir(path, c.trainees(), stateful(c, schedulers, loader))
 
 
 def load_checkpoint_dir(path: Path, trainees: list, states: dict[str, Stateful]) -> int:

@@ -37,7 +37,9 @@ from klppo_train.runtime.process_group import init_distributed, is_main
 from klppo_train.tracking.metrics_log import MetricsLog, Tracking
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import _actor, _reward_model, _weight_sync
-from klppo_train.trainer.run import NORMALIZATION_FILE, finish, prepare_run_dir
+from klppo_train.trainer.loop import finish
+from klppo_train.trainer.run import NORMALIZATION_FILE
+from klppo_train.trainer.run_dir import prepare_run_dir
 from klppo_train.trainer.validation import validate
 
 log = logging.getLogger("klppo_train")
@@ -94,7 +96,7 @@ def _build(cfg: AppConfig, checked: Checked, model_dir: Path) -> tuple[Evaluatio
     engine = build_engine(cfg, model_dir, checked.tokenizer, compute)
     step, extra = _checkpoint_into(engine, cfg, model_dir, compute)
     builder = StepBuilder(cfg)
-    plan = StepPlan(builder.sampling(), cfg.rollout.sampling.max_new_tokens)
+    plan = builder.plan()
     e = Evaluation(engine, plan, checked.tokenizer, checked.rewards)
     if cfg.reward_model.enable:
         model = _reward_model(cfg, compute)

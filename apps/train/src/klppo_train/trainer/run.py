@@ -1,14 +1,12 @@
-"""The training run: PPO steps over the prompt loader, validation, checkpoints, reports.
+"""PPO as a task of the one run loop (:mod:`klppo_train.trainer.loop`): :func:`train`.
 
-Numbered, as every rank runs it (``torchrun`` or one process):
-  1. process group; rank 0 prepares the run directory (config copy, embedded data/model);
-  2. build the components (sharded models, optimizers, engine, weight sync);
-  3. resume from a checkpoint (``trainer.resume_mode``; its token budgets too) or choose the
-     token budgets (``auto`` ones probed, :mod:`klppo_train.budgets.probe`) and validate the
-     starting policy;
-  4. per step: ``ppo_step`` → LR schedulers → validation every ``test_freq`` → metrics →
-     checkpoint every ``save_freq`` (and on preemption: :mod:`klppo_train.trainer.preemption`);
-  5. final checkpoint and HF export of the actor, plot and summary (rank 0).
+Built (:meth:`PPOTask.build`): the components (sharded models, optimizers, engine, weight
+sync), the prompt loader and the LR schedulers. At the start the token budgets come from a
+checkpoint or the config (``auto`` ones probed, :mod:`klppo_train.budgets.probe`); a
+resumed run syncs its weights into the engine, a fresh one with
+``reward_model.normalize=reference`` measures the reward normalization. A step is
+:func:`klppo_train.ppo.step.ppo_step` and the schedulers' step; validation greedy-answers
+the held-out prompts; the export is the actor's HF directory.
 """
 
 from __future__ import annotations
@@ -16,95 +14,42 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
 
 from klppo_train.budgets.probe import choose_budgets
 from klppo_train.budgets.run_budgets import BUDGETS_FILE
 from klppo_train.cli import launch_world_size
 from klppo_train.config.preflight import Checked, preflight
-from klppo_train.config.schema import AppConfig, TrainerConfig, to_yaml
+from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.step import calibrate_reward_model, ppo_step
-from klppo_train.runtime.process_group import (
-    global_metrics,
-    init_distributed,
-    is_main,
-    timed_out,
-)
-from klppo_train.tracking.metrics_log import MetricsLog, Tracking
+from klppo_train.runtime.process_group import is_main
+from klppo_train.tracking.metrics_log import SHOWN, Tracking
+from klppo_train.trainer import loop
 from klppo_train.trainer.assemble import StepBuilder
-from klppo_train.trainer.build import build_components, ensure_model_dir
-from klppo_train.trainer.checkpoints import (
-    load_trainer_checkpoint,
-    resolve_resume,
-    save_trainer_checkpoint,
-)
-from klppo_train.trainer.preemption import Preempted, Preemption
-from klppo_train.trainer.report import (
-    PLOTTED,
-    plot_metrics,
-    summarize,
-    summary_text,
-)
+from klppo_train.trainer.build import build_components
+from klppo_train.trainer.checkpoints import BudgetsInForce, RNGStates, Stateful
+from klppo_train.trainer.loop import LoopSettings
+from klppo_train.trainer.report import PLOTTED
+from klppo_train.trainer.run_dir import prepare_run_dir, total_steps
 from klppo_train.trainer.validation import validate
 
 log = logging.getLogger("klppo_train")
 
 
-def total_steps(trainer: TrainerConfig, batches_per_epoch: int) -> int:
-    return trainer.total_training_steps or trainer.total_epochs * batches_per_epoch
-
-
-def prepare_run_dir(cfg: AppConfig, subdir: str = "") -> tuple[Path, Path]:
-    """``(run_dir, model_dir)``; rank 0 writes (the config's copy in ``run_dir/subdir``),
-    the others wait for it."""
-    run_dir = Path(cfg.trainer.run_dir).expanduser()
-    if is_main():
-        (run_dir / subdir).mkdir(parents=True, exist_ok=True)
-        (run_dir / subdir / "config.yaml").write_text(to_yaml(cfg))
-        ensure_model_dir(cfg, run_dir)
-    dist.barrier()
-    return run_dir, ensure_model_dir(cfg, run_dir)  # now only finds it
-
-
-def _due(step: int, every: int, last: int) -> bool:
-    return step == last or (every > 0 and step % every == 0)
-
-
 def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
-    """Run the configured PPO steps (resuming if asked); return the summary. ``checked``:
-    what :func:`klppo_train.config.preflight.preflight` returned (run here when not given).
-    Engine and process group are closed however the run ends."""
+    """Run the configured PPO steps under the one loop (resuming if asked); return the
+    summary. ``checked``: what :func:`klppo_train.config.preflight.preflight` returned (run
+    here when not given). Engine and process group are closed however the run ends."""
     checked = checked or preflight(cfg, launch_world_size())
-    init_distributed(cfg.trainer.collective_timeout_s)
-    c = None
-    # The signal handlers from the start (a signal while the models load stops the run
-    # before step 1), restored however the run ends.
-    with Preemption() as preemption:
-        try:
-            start = time.perf_counter()
-            run_dir, model_dir = prepare_run_dir(cfg)
-            torch.manual_seed(cfg.trainer.seed)
-            c = build_components(
-                cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
-            )
-            metrics_log = _steps(c, cfg, checked, run_dir, preemption)
-            return finish(run_dir, metrics_log, start)
-        except RuntimeError as err:  # a lost rank: say which, not gloo's/NCCL's internals
-            lost = timed_out(err, cfg.trainer.collective_timeout_s)
-            if lost is None:
-                raise
-            raise lost from None
-        finally:
-            if c is not None:
-                c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not
-            if dist.is_initialized():
-                dist.destroy_process_group()
+    return loop.run(
+        LoopSettings.of(cfg.trainer),
+        lambda: prepare_run_dir(cfg),
+        lambda model_dir: PPOTask.build(cfg, checked, model_dir),
+        Tracking.from_config(cfg),
+    )
 
 
 def _token_budgets(c: Components, builder: StepBuilder, run_dir: Path) -> None:
@@ -136,77 +81,83 @@ def _calibrate(c: Components, items, run_dir: Path) -> None:
         os.replace(tmp, run_dir / NORMALIZATION_FILE)
 
 
-def _steps(
-    c: Components, cfg: AppConfig, checked: Checked, run_dir: Path, preemption: Preemption
-) -> MetricsLog:
-    """Resume or validate the start, then the PPO steps (until ``preemption`` agrees to
-    stop: :class:`Preempted` after a checkpoint); their record."""
-    train_set, val_set = checked.train, checked.val
-    loader = PromptLoader(train_set, cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
-    steps = total_steps(cfg.trainer, len(loader))
-    builder = StepBuilder(cfg)
-    schedulers = builder.schedulers(c, steps)
-    resume_from = resolve_resume(run_dir, cfg.trainer.resume_mode)
-    first = load_trainer_checkpoint(resume_from, c, schedulers, loader) if resume_from else 0
-    _token_budgets(c, builder, run_dir)
-    if first:
-        c.weight_sync.sync(version=first)
-    elif c.reward_model is not None and c.reward_model.normalize == "reference":
-        _calibrate(c, train_set.items, run_dir)
-    tracking = Tracking.from_config(cfg)
-    metrics_log = MetricsLog(run_dir, first, steps, tracking, enabled=is_main())
+@dataclass
+class PPOTask:
+    """PPO as a task of :mod:`klppo_train.trainer.loop`: a step is :func:`ppo_step` on the
+    loader's next batch and the LR schedulers' step; validation is the held-out prompts'
+    greedy answers; the export is the actor's. Built from the config once (:meth:`build`)."""
 
-    def validation(step: int) -> dict[str, float]:
-        found, rows = validate(c, val_set.items, cfg.data.val_batch_size, tracking.generations)
-        metrics_log.log_generations(step, rows)
-        return found
+    c: Components
+    builder: StepBuilder
+    loader: PromptLoader
+    schedulers: list
+    total_steps: int
+    train_items: list
+    val_items: list
+    val_batch_size: int
+    generations: int
+    label: str = "PPO"
+    shown: dict = field(default_factory=lambda: dict(SHOWN))
+    panels: tuple = PLOTTED
 
-    if not first and cfg.trainer.val_before_train:
-        metrics_log.log(0, validation(0))
-    last = min(steps, cfg.trainer.stop_at_step or steps)
-    keep = cfg.trainer.max_ckpt_to_keep
-    try:  # however the steps end: the bar closed before an error prints, trackers finished
-        if preemption.agreed():  # a signal during the start: nothing new to save
-            raise Preempted(first, preemption.signal_name)
-        for step in range(first + 1, last + 1):
-            metrics = ppo_step(c, loader.next_batch(), step)
-            for scheduler in schedulers:
-                scheduler.step()
-            if cfg.trainer.test_freq and _due(step, cfg.trainer.test_freq, steps):
-                metrics.update(validation(step))
-            metrics_log.log(step, global_metrics(metrics))
-            stop = preemption.agreed()
-            if stop or _due(step, cfg.trainer.save_freq, last):
-                save_trainer_checkpoint(run_dir, c, schedulers, loader, step, keep)
-            if stop:
-                raise Preempted(step, preemption.signal_name)
-    finally:
-        metrics_log.close()
-    if last == steps and c.export_actor is not None:
-        c.export_actor(run_dir)
-    return metrics_log
+    @classmethod
+    def build(cls, cfg: AppConfig, checked: Checked, model_dir: Path) -> PPOTask:
+        """The run's components around the checked tokenizers and rewards (a collective:
+        sharding, engine start), its loader and schedulers."""
+        c = build_components(
+            cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
+        )
+        d = cfg.data
+        loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
+        steps = total_steps(cfg.trainer, len(loader))
+        builder = StepBuilder(cfg)
+        return cls(
+            c, builder, loader, builder.schedulers(c, steps), steps, checked.train.items,
+            checked.val.items, d.val_batch_size, cfg.trainer.log_val_generations,
+        )  # fmt: skip
 
+    def trainees(self) -> list:
+        return self.c.trainees()
 
-def finish(run_dir: Path, metrics_log: MetricsLog, start: float, panels=PLOTTED, **about) -> dict:
-    """Plot (``panels``) + summary (with ``about``'s entries) on rank 0 (the others wait);
-    the summary is printed with ``console`` among ``trainer.logger``, with one validation
-    generation if any."""
-    summary: dict = {}
-    if is_main():
-        records = metrics_log.records
-        plot = plot_metrics(records, run_dir / "metrics.png", panels)
-        summary = summarize(records, (time.perf_counter() - start) / 60, run_dir, plot)
-        summary.update(about)
-        tmp = run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, run_dir / "summary.json")
-        if "console" in metrics_log.tracking.loggers:
-            print(summary_text(summary, _last_sample(metrics_log.generations)), flush=True)
-    dist.barrier()
-    return summary
+    def states(self) -> dict[str, Stateful]:
+        """Everything besides the trainees' models and optimizers that a resumed run
+        needs, by the name it is saved under: each trainee's LR scheduler, the KL
+        controller, the loader's position, the token budgets, the RNG states and the reward
+        normalization in force."""
+        c = self.c
+        scheduled = zip(c.trainees(), self.schedulers, strict=True)
+        lr = {f"lr_scheduler/{t.name}": s for t, s in scheduled}
+        rm = {"reward_model": c.reward_model} if c.reward_model is not None else {}
+        return {
+            **lr,
+            "kl_controller": c.kl_controller,
+            "loader": self.loader,
+            "budgets": BudgetsInForce(c),
+            "rng": RNGStates(),
+            **rm,
+        }
 
+    def start(self, first: int, run_dir: Path) -> None:
+        """Token budgets; a resumed run's weights into the engine, a fresh one's reward
+        normalization measured."""
+        _token_budgets(self.c, self.builder, run_dir)
+        if first:
+            self.c.weight_sync.sync(version=first)
+        elif self.c.reward_model is not None and self.c.reward_model.normalize == "reference":
+            _calibrate(self.c, self.train_items, run_dir)
 
-def _last_sample(generations: list[dict]) -> dict | None:
-    """The last validation step's first generation, if any were recorded."""
-    last = generations[-1]["step"] if generations else None
-    return next((g for g in generations if g["step"] == last), None)
+    def step(self, step: int) -> dict[str, float]:
+        metrics = ppo_step(self.c, self.loader.next_batch(), step)
+        for scheduler in self.schedulers:
+            scheduler.step()
+        return metrics
+
+    def validate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        return validate(self.c, self.val_items, self.val_batch_size, self.generations)
+
+    def export(self, run_dir: Path) -> None:
+        if self.c.export_actor is not None:
+            self.c.export_actor(run_dir)
+
+    def close(self) -> None:
+        self.c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not

@@ -1,0 +1,110 @@
+"""Where a step's trajectories come from: a :class:`RolloutSource`, and the one in use today,
+:class:`ColocatedRollouts` (the engine on this rank, sleeping while the trainer trains).
+
+A step is ``source.collect(prompts, step)`` → :func:`klppo_train.ppo.step.train_on` (which
+never touches an engine) → ``source.publish(step)``. Each sample keeps the policy version of
+the weights that generated it (:attr:`Trajectories.sample_versions`), so whoever trains on
+it can tell on-policy samples from older ones; a source that runs ahead of training (issue
+44's asynchronous rollouts) is another object behind the same Protocol.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fsdp_sharding import default_device
+from klppo_train.data.datasets import PromptItem
+from klppo_train.ppo.components import StepPlan
+from klppo_train.ppo.trajectories import Trajectories, trajectories
+from klppo_train.runtime.balance import balance_rollouts
+from klppo_train.runtime.engine import RolloutStats
+from klppo_train.runtime.process_group import rank_span
+from klppo_train.runtime.sequence_parallel import shared
+from rollout import RolloutEngine, WeightPublisher
+
+
+@dataclass(frozen=True)
+class Collected:
+    """One step's rollouts on this rank: its prompts (``items``, indexed by the
+    trajectories' ``prompt_index``), the trajectories, and the collection's metrics
+    (``timing_s/gen``, ``timing_s/sleep``, balance, the engine's counters)."""
+
+    items: list[PromptItem]
+    trajectories: Trajectories
+    metrics: dict[str, float]
+
+
+class RolloutSource(Protocol):
+    """What a step takes its trajectories from and gives its new weights to.
+
+    Contract: every rank calls :meth:`collect` and :meth:`publish` at the same points (they
+    may hold collectives); ``collect(items, step)`` gets the step's whole batch of prompts
+    and returns this rank's share; ``publish(version)`` is called after the optimizer steps
+    of update ``version`` and before the next ``collect``."""
+
+    def collect(self, items: Sequence[PromptItem], step: int) -> Collected: ...
+
+    def publish(self, version: int) -> dict[str, float]: ...
+
+
+@dataclass
+class ColocatedRollouts:
+    """The engine on this rank generates each step's samples with the weights of the
+    previous step, then sleeps (frees its accelerator memory, verl's ``free_cache_engine``)
+    while the trainer trains; :meth:`publish` wakes it and syncs the new weights."""
+
+    engine: RolloutEngine
+    publisher: WeightPublisher
+    plan: StepPlan
+    pad_token_id: int
+    stats: RolloutStats | None = None  # vLLM's counters per step (log stats on)
+
+    def generate(self, items: Sequence[PromptItem], step: int, span: range):
+        """``(items, trajectories, balance metrics)``: rollouts of this rank's ``items`` (the
+        step's prompts ``span``), re-split over the ranks by tokens when
+        ``trainer.balance_batch``."""
+        plan = self.plan
+        batch = self.engine.generate(
+            [list(i.prompt_ids) for i in items],
+            plan.sampling.for_step(step),
+            seeds=plan.sampling.request_seeds(step, span),
+        )
+        batch = shared(batch, plan.sp)
+        balance: dict[str, float] = {}
+        positions = list(span)
+        if plan.balance_batch:
+            items, batch, balance, positions = balance_rollouts(items, batch)
+        t = trajectories(
+            [i.prompt_ids for i in items],
+            batch,
+            pad_token_id=self.pad_token_id,
+            response_length=plan.response_length,
+            device=default_device(),
+            positions=positions,
+        )
+        return list(items), t, balance
+
+    def collect(self, items: Sequence[PromptItem], step: int) -> Collected:
+        span = rank_span(len(items))
+        start = time.perf_counter()
+        counted = self.stats.counts() if self.stats else {}
+        mine, t, metrics = self.generate(items[span.start : span.stop], step, span)
+        metrics.update(self.stats.since(counted) if self.stats else {})
+        metrics["timing_s/gen"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.engine.sleep()  # free the engine's GPU memory for the passes
+        metrics["timing_s/sleep"] = time.perf_counter() - start
+        return Collected(mine, t, metrics)
+
+    def publish(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        self.engine.wake_up()
+        metrics = {"timing_s/wake_up": time.perf_counter() - start}
+        start = time.perf_counter()
+        synced = self.publisher.sync(version=version)
+        metrics["timing_s/update_weights"] = time.perf_counter() - start
+        metrics["rollout/weight_sync_bytes"] = synced["rollout/weight_sync_bytes"]
+        return metrics
