@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 DISTRIBUTIONS = {
@@ -19,6 +20,13 @@ DISTRIBUTIONS = {
     "klppo-fsdp-sharding": "fsdp_sharding",
     "klppo-rollout": "rollout",
     "klppo-train": "klppo_train",
+}
+FOLDERS = {
+    "klppo-ppo-core": "packages/ppo_core",
+    "klppo-batching": "packages/batching",
+    "klppo-fsdp-sharding": "packages/fsdp_sharding",
+    "klppo-rollout": "packages/rollout",
+    "klppo-train": "apps/train",
 }
 pytestmark = pytest.mark.slow
 
@@ -29,6 +37,12 @@ def uv(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     result = subprocess.run([*exe, *args], cwd=cwd, capture_output=True, text=True)
     assert result.returncode == 0, f"uv {' '.join(args)} failed:\n{result.stderr}"
     return result
+
+
+def version(dist: str) -> str:
+    """The version in the distribution's own pyproject.toml."""
+    pyproject = tomllib.loads((ROOT / FOLDERS[dist] / "pyproject.toml").read_text())
+    return pyproject["project"]["version"]
 
 
 def cpu_torch_dir() -> str:
@@ -55,7 +69,29 @@ def test_wheel_has_its_module_and_marker(wheels: dict[str, Path], dist: str) -> 
     module = DISTRIBUTIONS[dist]
     assert f"{module}/__init__.py" in names
     assert f"{module}/py.typed" in names
-    assert "-0.1.0-" in wheels[dist].name
+    assert f"-{version(dist)}-" in wheels[dist].name
+
+
+def test_app_wheel_pins_each_package_from_its_lower_bound(wheels: dict[str, Path]) -> None:
+    """The published metadata keeps the pyproject's ranges (an old package wheel is refused)."""
+    wheel = zipfile.ZipFile(wheels["klppo-train"])
+    (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    lines = wheel.read(meta).decode().splitlines()
+    published = {
+        r.name: r.specifier
+        for r in (
+            Requirement(line.split(":", 1)[1])
+            for line in lines
+            if line.startswith("Requires-Dist:")
+        )
+    }
+    pyproject = tomllib.loads((ROOT / "apps/train/pyproject.toml").read_text())
+    for text in pyproject["project"]["dependencies"]:
+        req = Requirement(text)
+        if req.name in DISTRIBUTIONS:
+            assert published[req.name] == req.specifier, (req.name, published[req.name])
+            assert version(req.name) in req.specifier
+            assert not req.specifier.contains("0.1.0"), f"{text}: admits the old 0.1.0 wheels"
 
 
 def test_ppo_core_wheel_runs_with_only_torch(wheels: dict[str, Path], tmp_path: Path) -> None:
@@ -86,4 +122,4 @@ def test_ppo_core_wheel_runs_with_only_torch(wheels: dict[str, Path], tmp_path: 
     run = subprocess.run([python, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     # returns with γ=λ=1 and zero values are the reward-to-go: [1, 1]
-    assert run.stdout.split() == ["[[1.0,", "1.0]]", "0.1.0"]
+    assert run.stdout.split() == ["[[1.0,", "1.0]]", version("klppo-ppo-core")]
