@@ -1,6 +1,7 @@
 """Config loading (YAML + dotted overrides), unknown keys, validation, recipes, the CLI."""
 
 import os
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -222,7 +223,8 @@ def test_a_printed_config_loads_back_as_a_recipe(tmp_path: Path) -> None:
 def test_cli_prints_config_and_reports_errors(capsys) -> None:
     assert main(["--print-config", "rollout.n=3"]) == 0
     out = capsys.readouterr().out
-    assert "'n': 3" in out and "klppo-ppo-core 0.1.0" in out  # YAML quotes n (a 1.1 bool)
+    assert "'n': 3" in out  # YAML quotes n (a 1.1 bool)
+    assert f"klppo-ppo-core {version('klppo-ppo-core')}" in out
     assert main(["actor.lrr=1"]) == 2
     assert "did you mean 'actor.lr'" in capsys.readouterr().err
 
@@ -399,3 +401,56 @@ def test_verl_reward_model_names() -> None:
     with pytest.raises(ValueError, match="reward_model.max_length=512: klppo scores"):
         load_config(None, ["reward_model.max_length=512"])
     assert load_config(None, ["reward_model.use_dynamic_bsz=null"]).reward_model.use_dynamic_bsz
+
+
+SP_VERL = "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
+SHARING_OFF = (
+    "model.share_prompts off: Ulysses sequence parallelism "
+    "(actor.ulysses_sequence_parallel_size=2) does not share prompts"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "shared", "said"),
+    [
+        ([], True, False),  # unset: on
+        (["model.share_prompts=null"], True, False),  # null is unset
+        (["model.share_prompts=false"], False, False),
+        ([SP_VERL], False, True),  # unset with Ulysses (verl's name): off, and one line
+        (["actor.ulysses_sequence_parallel_size=2"], False, True),  # klppo's name
+        ([SP_VERL, "model.share_prompts=false"], False, False),  # the user's own choice
+        ([SP_VERL, "model.share_prompts=true"], True, False),  # kept: validation refuses it
+        ([SP_VERL, "trainer.task=reward_model"], True, False),  # no Ulysses in that task
+    ],
+)
+def test_share_prompts_unset_gives_way_to_sequence_parallelism(
+    overrides, shared, said, caplog
+) -> None:
+    """Issue 40: ``model.share_prompts`` is a default of klppo's; set, it is the user's."""
+    with caplog.at_level("INFO", logger="klppo_train"):
+        cfg = load_config(None, overrides)
+    assert cfg.model.share_prompts is shared
+    lines = [r.getMessage() for r in caplog.records if "share_prompts" in r.getMessage()]
+    assert lines == ([SHARING_OFF] if said else [])
+    if SP_VERL in overrides and cfg.trainer.task == "ppo":
+        if shared:
+            with pytest.raises(ValueError, match="model.share_prompts=true with actor.ulysses"):
+                validate_config(cfg, world_size=2)
+        else:
+            validate_config(cfg, world_size=2)
+    # the printed config holds the resolved value and loads back to the same run
+    assert f"share_prompts: {str(shared).lower()}" in to_yaml(cfg)
+
+
+def test_rlhf_recipes_critic_follows_its_reward_model() -> None:
+    """``smollm2_rlhf.yaml``'s critic starts from its reward model wherever that is: the
+    ``${reward_model.path}`` interpolation resolves after the layers merge, and verl's names
+    are renamed in each layer before it, so ``reward_model.model.path`` moves it too."""
+    recipe = RECIPES / "smollm2_rlhf.yaml"
+    cfg = load_config(recipe)
+    assert cfg.critic.model_path == cfg.reward_model.path == "runs/smollm2_rm/reward_model_hf"
+    for key in ("reward_model.path", "reward_model.model.path"):
+        cfg = load_config(recipe, [f"{key}=/elsewhere/rm"])
+        assert cfg.reward_model.path == cfg.critic.model_path == "/elsewhere/rm", key
+    both = ["reward_model.model.path=/elsewhere/rm", "critic.model.path=/own/critic"]
+    assert load_config(recipe, both).critic.model_path == "/own/critic"  # set: the user's

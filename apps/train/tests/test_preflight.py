@@ -326,6 +326,30 @@ def test_debug_shows_the_traceback(run) -> None:
         run("actor.grad_clip=0", "--debug")
 
 
+def test_ulysses_alone_passes_the_checks_and_turns_prompt_sharing_off(
+    run, capsys, caplog, monkeypatch
+) -> None:
+    """Issue 40: verl's Ulysses key alone at world size 2 reaches the run (model.share_prompts
+    unset gives way, in one log line); model.share_prompts=true set with it exits 2."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc-per-node=2 sets it
+    sp = "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
+    _expect_one_line_exit_2(
+        run,
+        capsys,
+        [sp, "model.share_prompts=true"],
+        "model.share_prompts=true with actor.ulysses_sequence_parallel_size=2",
+    )
+    with (
+        caplog.at_level("INFO", logger="klppo_train"),
+        pytest.raises(AssertionError, match="a model would load"),
+    ):
+        run(sp)
+    assert (
+        "model.share_prompts off: Ulysses sequence parallelism "
+        "(actor.ulysses_sequence_parallel_size=2) does not share prompts"
+    ) in caplog.messages
+
+
 # ------------------------------------------------------------------ the reward model
 
 

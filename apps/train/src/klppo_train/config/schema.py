@@ -11,6 +11,8 @@ divisibility and token budgets. Semantics follow verl where users rely on them:
 from __future__ import annotations
 
 import difflib
+import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -25,6 +27,8 @@ from fsdp_sharding import ShardingConfig
 from klppo_train.config.verl_names import DERIVED, translate
 from klppo_train.data.datasets import DataConfig
 from rollout import HFEngineConfig, SamplingConfig, VLLMConfig
+
+log = logging.getLogger("klppo_train")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,10 +48,13 @@ class ModelConfig:
     without it flash_attention_2 on CUDA where flash-attn is installed, else klppo_varlen) |
     klppo_varlen | flash_attention_2 | sdpa (transformers' dense [nnz, nnz] block mask) |
     eager. klppo_train.runtime.packed_attention"""
-    share_prompts: bool = True
+    share_prompts: bool | None = None
     """The n samples of a prompt run its tokens once per micro-batch in every training-side
     pass (batching.pack_shared_prompts; exact). Needs klppo_varlen: true makes auto pick it,
-    and refuses sdpa / eager / flash_attention_2 (set false for those)."""
+    and refuses sdpa / eager / flash_attention_2 (set false for those). null (the default)
+    = true, except with Ulysses sequence parallelism (actor.ulysses_sequence_parallel_size
+    > 1: a split row cannot share prompt tokens), where it turns itself off and says so;
+    true with it is an error. The loaded config holds the resolved true / false."""
     warmup_steps: int = 400
     """Embedded model only: supervised warm-up before PPO, at most this many steps."""
     warmup_target_accuracy: float = 0.25
@@ -564,7 +571,9 @@ def _as_typed(override: str) -> str:
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> AppConfig:
-    """Schema defaults ← YAML recipe ← dotted overrides (klppo's or verl's names), type-checked.
+    """Schema defaults ← YAML recipe ← dotted overrides (klppo's or verl's names), type-checked;
+    the switches left unset (None) resolved: the ``use_dynamic_bsz`` ones follow the actor's,
+    ``model.share_prompts`` is on unless Ulysses splits the rows.
 
     Raises:
         ValueError: one line naming every unknown or refused key, or the first bad value.
@@ -587,7 +596,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         built = OmegaConf.to_object(merged)
     except ValueError:
         raise ValueError(_failing_section(merged, "")) from None
-    return _follow_actor_dynamic_bsz(built)
+    return _resolve_share_prompts(_follow_actor_dynamic_bsz(built))
 
 
 def _failing_section(node: DictConfig, path: str) -> str | None:
@@ -623,6 +632,24 @@ def _follow_actor_dynamic_bsz(cfg: AppConfig) -> AppConfig:
         reward_model=follow(cfg.reward_model, "use_dynamic_bsz"),
         reward_training=follow(cfg.reward_training, "use_dynamic_bsz"),
     )
+
+
+def _resolve_share_prompts(cfg: AppConfig) -> AppConfig:
+    """``model.share_prompts`` unset (None): on, unless the PPO run splits its rows with
+    Ulysses sequence parallelism, which cannot share prompt tokens; then off, with one log
+    line. A value the user set is kept (true with sequence parallelism is refused by
+    :mod:`klppo_train.config.validate`)."""
+    if cfg.model.share_prompts is not None:
+        return cfg
+    sp = cfg.actor.ulysses_sequence_parallel_size
+    share = not (cfg.trainer.task == "ppo" and sp > 1)
+    if not share and os.environ.get("RANK", "0") == "0":  # once per run, not per rank
+        log.info(
+            "model.share_prompts off: Ulysses sequence parallelism "
+            "(actor.ulysses_sequence_parallel_size=%d) does not share prompts",
+            sp,
+        )
+    return replace(cfg, model=replace(cfg.model, share_prompts=share))
 
 
 def to_yaml(config: AppConfig) -> str:

@@ -282,7 +282,8 @@ def sequence_parallel_size(cfg: AppConfig) -> int:
 
 def _check_sequence_parallel(cfg: AppConfig, world_size: int) -> None:
     """One size for the run, dividing the world; what a split row needs: the packed
-    attention, no shared prompts (heads: :mod:`klppo_train.config.preflight`)."""
+    attention, no shared prompts (heads: :mod:`klppo_train.config.preflight`). An unset
+    ``model.share_prompts`` is off here already (``schema.load_config``); true was set."""
     sp = cfg.actor.ulysses_sequence_parallel_size
     if sp < 1 or world_size % sp:
         raise ValueError(f"actor.{SP}={sp} must be >= 1 and divide the world size {world_size}")
@@ -298,7 +299,7 @@ def _check_sequence_parallel(cfg: AppConfig, world_size: int) -> None:
     if cfg.model.share_prompts:
         raise ValueError(
             f"model.share_prompts=true with actor.{SP}={sp}: a split row cannot share "
-            "prompt tokens; set model.share_prompts=false"
+            "prompt tokens; set model.share_prompts=false (or leave it unset)"
         )
     if cfg.model.attn_implementation not in ("auto", VARLEN):
         raise ValueError(
