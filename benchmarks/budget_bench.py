@@ -32,15 +32,15 @@ from _results import RESULTS_DIR, with_trainer_allocator, write_results
 from ppo_step_bench import RECIPE, prepare
 
 from batching.budget_search import series
-from klppo_train.budgets.measure import memory_allowance
-from klppo_train.budgets.probe import choose_budgets, role_measure
-from klppo_train.budgets.roles import ROLES
-from klppo_train.config.preflight import preflight
+from klppo_train.checks.preflight import preflight
+from klppo_train.config.roles import ROLES
 from klppo_train.config.schema import load_config
 from klppo_train.demo.sources import register_sources
 from klppo_train.runtime.process_group import init_distributed
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components
+from klppo_train.trainer.measure import memory_allowance
+from klppo_train.trainer.probe import choose_budgets, role_measure
 
 RESULTS = RESULTS_DIR / "budget_bench.json"
 WITHIN = 0.8  # auto's tokens/s ≥ 80 % of the sweep's best

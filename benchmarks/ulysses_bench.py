@@ -9,7 +9,7 @@ from a config (the embedded model widened: ``--hidden``/32 heads, half as many k
 heads, ``--layers``, ``--vocab``), FSDP2-sharded over both ranks, fp32, with the trainer's
 packed ``klppo_varlen`` attention. For each length L, one sequence of L tokens
 (``--prompt-share`` of it prompt, default 1/8: a reasoning model's long response) goes
-through the trainer's own update path (:func:`klppo_train.ppo.forward.response_logprobs`
+through the trainer's own update path (:func:`klppo_train.workers.forward.response_logprobs`
 with entropy, a token-mean policy-style loss, backward):
 
 - ``sp=1``: data parallelism: each rank updates on its own sequence (the whole row);
@@ -18,7 +18,7 @@ with entropy, a token-mean policy-style loss, backward):
 
 Columns: time of the update (slowest rank) and peak memory growth over the pass (largest
 rank: RSS high-water mark on CPU, ``max_memory_allocated`` on CUDA; the trainer's probe
-meter, :class:`klppo_train.budgets.measure.PassMeter`), and sp=2 / sp=1. A warm-up pass at
+meter, :class:`klppo_train.trainer.measure.PassMeter`), and sp=2 / sp=1. A warm-up pass at
 the smallest length comes first. On CPU the workers run with glibc's
 ``MALLOC_MMAP_THRESHOLD_`` fixed (``--mmap-threshold``, 128 KiB): every block from 128 KiB
 up is mapped on its own and returned when freed, so the RSS peak follows the live tensors,
@@ -101,7 +101,7 @@ def update(model, length: int, vocab: int, seed: int, sp, prompt_share: float) -
     import torch
 
     from fsdp_sharding import default_device
-    from klppo_train.ppo.forward import response_logprobs
+    from klppo_train.workers.forward import response_logprobs
 
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (1, length), generator=generator).to(default_device())
@@ -118,7 +118,7 @@ def update(model, length: int, vocab: int, seed: int, sp, prompt_share: float) -
 def measure(model, length: int, args: argparse.Namespace, sp, rank: int) -> dict:
     import torch.distributed as dist
 
-    from klppo_train.budgets.measure import PassMeter, agree
+    from klppo_train.trainer.measure import PassMeter, agree
 
     seed = rank if sp.size == 1 else 0  # data parallel: own sequences; sp: the same one
     dist.barrier()

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from klppo_train.budgets.faults import ENV, PASSES
-from klppo_train.budgets.roles import PASS_ROLES, ROLES
+from klppo_train.config.roles import PASS_ROLES, ROLES
 
 RECIPE = Path(__file__).resolve().parents[1] / "apps" / "train" / "recipes" / "default.yaml"
 STEPS = 4

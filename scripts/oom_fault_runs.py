@@ -23,7 +23,7 @@ from pathlib import Path
 
 from klppo_train.__main__ import main as train
 from klppo_train.budgets.faults import ENV, PASSES
-from klppo_train.budgets.roles import ROLES
+from klppo_train.config.roles import ROLES
 
 RECIPE = Path(__file__).resolve().parents[1] / "apps" / "train" / "recipes" / "default.yaml"
 STEPS = 6

@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from klppo_train.loop.report import PLOTTED, metric_series, plot_runs, run_group
 from klppo_train.tracking.metrics_log import read_jsonl
-from klppo_train.trainer.report import PLOTTED, metric_series, plot_runs, run_group
 
 
 def _parse() -> argparse.Namespace:

@@ -145,3 +145,108 @@ def test_demo_is_a_leaf_that_core_modules_do_not_import() -> None:
             if any(n and n.startswith("klppo_train.demo") for n in names):
                 offenders.append(f"{relative}:{node.lineno}")
     assert not offenders, f"core modules import the demos: {offenders}"
+
+
+# The app's folders, bottom first: each imports only folders before it in this list (and
+# itself). The entry modules (``__main__``, ``cli``, ``console``) sit above them all and are
+# imported by nobody; ``demo`` is a leaf only they import.
+APP_LAYERS = (
+    "config",  # torch-free: the sections, verl's names, the role table
+    "data",
+    "runtime",
+    "tracking",
+    "budgets",
+    "loop",  # the one run loop, checkpoints, preemption, report
+    "workers",  # trajectories, forward passes, trainees
+    "reward_model",
+    "ppo",
+    "checks",
+    "trainer",  # the tasks and their building
+    "demo",
+)
+ENTRY = ("__main__", "cli", "console")
+
+
+def app_imports(app: Path) -> dict[tuple[str, str], list[str]]:
+    """``(folder, imported folder) -> [file:line, ...]`` over the app's own imports (a
+    top-level module counts as a folder of its own name)."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(app.rglob("*.py")):
+        relative = path.relative_to(app)
+        here = relative.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+                if node.module == "klppo_train":
+                    names = [f"klppo_train.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "klppo_train" and len(parts) > 1 and parts[1] != here:
+                    found.setdefault((here, parts[1]), []).append(f"{relative}:{node.lineno}")
+    return found
+
+
+def layer_violations(found: dict[tuple[str, str], list[str]]) -> list[str]:
+    rank = {name: i for i, name in enumerate(APP_LAYERS)}
+    problems = []
+    for (here, there), where in sorted(found.items()):
+        if here in ENTRY:
+            continue
+        if there in ENTRY:
+            problems.append(f"{here} imports the entry module {there} ({where[0]})")
+        elif here not in rank or there not in rank:
+            problems.append(f"{here} -> {there}: a folder missing from APP_LAYERS ({where[0]})")
+        elif rank[there] > rank[here]:
+            problems.append(f"{here} imports {there}, a folder above it ({', '.join(where)})")
+    return problems
+
+
+def test_app_folders_are_layered() -> None:
+    """No folder imports a folder above it (so the folders form no import cycle)."""
+    app = SRC_DIRS["klppo_train"]
+    found = app_imports(app)
+    folders = {p.name for p in app.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(APP_LAYERS), (
+        f"APP_LAYERS lists {sorted(APP_LAYERS)}, not {sorted(folders)}"
+    )
+    problems = layer_violations(found)
+    assert not problems, "\n".join(problems)
+
+
+def test_layer_check_catches_an_upward_import() -> None:
+    found = {("ppo", "trainer"): ["ppo/step.py:3"], ("config", "cli"): ["config/x.py:1"]}
+    problems = layer_violations(found)
+    assert problems == [
+        "config imports the entry module cli (config/x.py:1)",
+        "ppo imports trainer, a folder above it (ppo/step.py:3)",
+    ]
+
+
+# Functions that take the whole config (an ``AppConfig``, or ``cfg`` typed ``Any``/untyped):
+# the config is read once, in the builders; this number may only go down.
+WHOLE_CONFIG_PARAMETERS = 66
+
+
+def whole_config_parameters(app: Path) -> list[str]:
+    found = []
+    for path in sorted(app.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs):
+                    note = ast.unparse(arg.annotation) if arg.annotation else ""
+                    if note.endswith("AppConfig") or (arg.arg == "cfg" and note in ("Any", "")):
+                        found.append(f"{path.relative_to(app)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_whole_config_parameters_do_not_creep_back() -> None:
+    found = whole_config_parameters(SRC_DIRS["klppo_train"])
+    assert len(found) <= WHOLE_CONFIG_PARAMETERS, (
+        f"{len(found)} functions take the whole config (held at {WHOLE_CONFIG_PARAMETERS}): "
+        "read the keys once in a builder and pass objects\n" + "\n".join(found)
+    )

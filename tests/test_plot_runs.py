@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from klppo_train.trainer.report import group_means
+from klppo_train.loop.report import group_means
 
 ROOT = Path(__file__).resolve().parents[1]
 ACC = "val/arithmetic_chat/acc"

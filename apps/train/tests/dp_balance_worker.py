@@ -10,7 +10,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from klppo_train.data.datasets import PromptItem
-from klppo_train.runtime.balance import balance_rollouts
+from klppo_train.ppo.balance import balance_rollouts
 from rollout import RolloutBatch, Sample
 
 N = 2  # samples per prompt

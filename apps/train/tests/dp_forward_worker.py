@@ -20,8 +20,8 @@ from train_testing import prompt_response_batch
 from batching import token_budget_micro_batches
 from fsdp_sharding import ShardingConfig, shard_model
 from klppo_train.demo.embedded import build_model
-from klppo_train.ppo.forward import response_logprobs, response_scores
 from klppo_train.runtime.packed_attention import VARLEN
+from klppo_train.workers.forward import response_logprobs, response_scores
 
 P, T, VOCAB, BUDGET = 8, 8, 64, 32
 # Equal numbers of sequences (as the trainer's ranks hold): rank 0's 4 of 6 tokens fit one

@@ -20,9 +20,9 @@ from train_testing import prompt_response_batch
 
 from fsdp_sharding import ShardingConfig, shard_model
 from klppo_train.demo.embedded import build_model
-from klppo_train.ppo.forward import NO_SP, response_logprobs, response_scores, response_values
 from klppo_train.runtime.packed_attention import VARLEN
 from klppo_train.runtime.sequence_parallel import sequence_parallel
+from klppo_train.workers.forward import NO_SP, response_logprobs, response_scores, response_values
 
 P, T, VOCAB, BUDGET = 8, 8, 64, 40  # 40 tokens: three micro-batches
 PROMPTS, RESPONSES = [8, 3, 5, 1, 6], [7, 2, 8, 0, 5]  # 45 tokens: odd rows

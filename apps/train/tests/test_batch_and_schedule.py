@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from klppo_train.ppo.trajectories import trajectories
 from klppo_train.trainer.schedule import lr_factor, make_scheduler
+from klppo_train.workers.trajectories import trajectories
 from rollout import RolloutBatch, Sample
 
 PAD = 0

@@ -9,19 +9,19 @@ from test_step import OVERRIDES, components
 from train_testing import prompt_response_batch
 
 from klppo_train.budgets.faults import FAULTS, parse_faults
-from klppo_train.budgets.probe import choose_budgets
-from klppo_train.budgets.roles import ROLES, task_roles
 from klppo_train.budgets.run_budgets import RunBudgets, budgets_from_config, run_with_backoff
+from klppo_train.checks.validate import validate_config
 from klppo_train.config.errors import UserError
+from klppo_train.config.roles import ROLES, task_roles
 from klppo_train.config.schema import load_config
-from klppo_train.config.validate import validate_config
 from klppo_train.demo.embedded import build_model, build_tokenizer
-from klppo_train.ppo.forward import response_logprobs
 from klppo_train.ppo.losses import PolicyLoss
-from klppo_train.ppo.passes import Pass
-from klppo_train.ppo.trainee import Trainee
-from klppo_train.ppo.trajectories import Trajectories
 from klppo_train.trainer.assemble import StepBuilder
+from klppo_train.trainer.probe import choose_budgets
+from klppo_train.workers.forward import response_logprobs
+from klppo_train.workers.passes import Pass
+from klppo_train.workers.trainee import Trainee
+from klppo_train.workers.trajectories import Trajectories
 
 P, T, VOCAB = 6, 4, 64
 ROWS = 8  # sequences of P + T = 10 tokens at most
@@ -145,7 +145,7 @@ def test_a_checkpoint_keeps_its_budgets_only_at_its_own_world_size() -> None:
     again); saved at 1 (this process), they are, halvings and all."""
     from types import SimpleNamespace
 
-    from klppo_train.trainer.checkpoints import BudgetsInForce
+    from klppo_train.loop.checkpoints import BudgetsInForce
 
     state = budgets()
     state.back_off("update_actor", 2, "oom")

@@ -15,12 +15,12 @@ from klppo_train.data.datasets import write_parquet
 from klppo_train.data.rewards import RewardManager
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.ppo.forward import response_logprobs, response_values
 from klppo_train.runtime.hf_dirs import save_atomically
 from klppo_train.runtime.packed_attention import GROUP_ATTENTION
 from klppo_train.runtime.precision import choose_cpu_dtype, resolve_precision
 from klppo_train.runtime.process_group import init_distributed
 from klppo_train.trainer.build import build_components
+from klppo_train.workers.forward import response_logprobs, response_values
 
 P, T = 24, 4
 

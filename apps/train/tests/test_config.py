@@ -9,8 +9,8 @@ import torch
 
 from fsdp_sharding import MixedPrecision, ShardingConfig
 from klppo_train.__main__ import main
+from klppo_train.checks.validate import validate_config
 from klppo_train.config.schema import AppConfig, load_config, to_yaml
-from klppo_train.config.validate import validate_config
 from klppo_train.runtime.precision import role_sharding
 from rollout import SamplingConfig, VLLMConfig
 

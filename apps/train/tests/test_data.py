@@ -272,7 +272,7 @@ def test_smollm2_task_asks_plainly_and_holds_out_its_validation() -> None:
 
 
 def test_data_source_writes_only_the_recipes_own_missing_files(tmp_path) -> None:
-    from klppo_train.config.preflight import _prepare as prepare_data
+    from klppo_train.checks.preflight import _prepare as prepare_data
     from klppo_train.config.schema import load_config
 
     run = tmp_path / "run"

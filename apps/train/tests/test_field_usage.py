@@ -53,8 +53,8 @@ def _reward_model_recipe(tmp_path: Path) -> Path:
     ``reward_model.path`` is missing)."""
     from test_reward_model import _pairs
 
+    from klppo_train.data.pairs import check_pair_row
     from klppo_train.demo.embedded import build_model, build_tokenizer
-    from klppo_train.reward_model.pairs import check_pair_row
     from klppo_train.runtime.hf_dirs import save_atomically
 
     run = tmp_path / "rm"

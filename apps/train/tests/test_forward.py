@@ -6,8 +6,8 @@ import torch
 from train_testing import prompt_response_batch
 
 from klppo_train.demo.embedded import build_model
-from klppo_train.ppo.forward import response_logprobs, response_values
 from klppo_train.runtime.packed_attention import VARLEN
+from klppo_train.workers.forward import response_logprobs, response_values
 
 P, T, VOCAB = 6, 5, 64
 ATTENTION = pytest.mark.parametrize("attention", ["sdpa", VARLEN])

@@ -14,14 +14,14 @@ from test_run import overrides, read_records
 from torch.distributed.checkpoint import FileSystemReader
 from train_testing import prompt_response_batch
 
+from klppo_train.checks.preflight import preflight
+from klppo_train.checks.validate import validate_config
 from klppo_train.config.errors import UserError
-from klppo_train.config.preflight import preflight
 from klppo_train.config.schema import load_config
-from klppo_train.config.validate import validate_config
 from klppo_train.demo.embedded import build_model
-from klppo_train.ppo.forward import response_logprobs
 from klppo_train.runtime.lora import Lora, WithoutAdapters
 from klppo_train.runtime.packed_attention import VARLEN
+from klppo_train.workers.forward import response_logprobs
 from rollout import BaseWeights, adapter_pairs, merged_weights
 
 P, T, VOCAB = 6, 5, 64

@@ -11,9 +11,9 @@ import torch
 from test_step import components
 
 from klppo_train.demo.embedded import build_tokenizer
-from klppo_train.ppo.losses import GlobalCounts
 from klppo_train.ppo.step import _step_metrics
-from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.workers.losses import GlobalCounts
+from klppo_train.workers.trajectories import Trajectories
 from ppo_core import token_level_scores
 from rollout import RolloutBatch, Sample
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import klppo_train.__main__ as entry
-from klppo_train.config.preflight import preflight
+from klppo_train.checks.preflight import preflight
 from klppo_train.config.schema import load_config
 from klppo_train.data.datasets import write_parquet
 from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
@@ -439,7 +439,7 @@ def test_errors_answer_before_torch_loads(tmp_path, name) -> None:
 
 
 def test_config_modules_import_no_torch() -> None:
-    modules = ["klppo_train.config", *(f"klppo_train.config.{m}" for m in CONFIG_MODULES)]
+    modules = [f"klppo_train.{m}" for m in CONFIG_MODULES]
     script = (
         "import importlib, sys\n"
         f"for m in {modules!r}:\n    importlib.import_module(m)\n"
@@ -449,4 +449,13 @@ def test_config_modules_import_no_torch() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-CONFIG_MODULES = ("schema", "validate", "preflight", "explain", "verl_names", "errors", "choices")
+CONFIG_MODULES = (
+    "config",
+    *(f"config.{m}" for m in ("schema", "data", "roles", "explain", "verl_names", "errors")),
+    "config.choices",
+    "checks",
+    "checks.validate",
+    "checks.preflight",
+    "runtime.launch",
+    "cli",
+)

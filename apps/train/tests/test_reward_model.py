@@ -17,16 +17,17 @@ from train_testing import prompt_response_batch
 
 from klppo_train.budgets.faults import FAULTS
 from klppo_train.budgets.run_budgets import RunBudgets
-from klppo_train.data.datasets import DataConfig, PromptDataset, write_parquet
+from klppo_train.config.data import DataConfig
+from klppo_train.data.datasets import PromptDataset, write_parquet
+from klppo_train.data.pairs import PairDataset, check_pair_row, read_pairs
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.ppo.forward import response_scores
 from klppo_train.ppo.step import calibrate_reward_model
-from klppo_train.ppo.trajectories import Trajectories
-from klppo_train.reward_model.pairs import PairDataset, check_pair_row, read_pairs
 from klppo_train.reward_model.serve import Retemplate, RewardModelReward, ended
 from klppo_train.runtime.hf_dirs import save_atomically
 from klppo_train.runtime.packed_attention import VARLEN
+from klppo_train.workers.forward import response_scores
+from klppo_train.workers.trajectories import Trajectories
 
 P, T, VOCAB = 6, 5, 64
 

@@ -31,8 +31,8 @@ def _launch(args: list[str], nproc: int, log: Path) -> subprocess.Popen:
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_sigtermed_reward_model_run_checkpoints_and_resumes_exactly(
     tmp_path: Path,
-    tiny_model: Path,
-    nproc: int,  # noqa: F811
+    tiny_model: Path,  # noqa: F811
+    nproc: int,
 ) -> None:
     args = [*rm_overrides(tmp_path, tiny_model, steps=STEPS), "trainer.test_freq=20"]
     args += ["trainer.save_freq=0"]  # the only checkpoint before the end is the signal's

@@ -9,9 +9,10 @@ import pytest
 import torch
 from test_step import components
 
+from klppo_train.checks.validate import validate_config
+from klppo_train.config.data import DataConfig
 from klppo_train.config.schema import load_config
-from klppo_train.config.validate import validate_config
-from klppo_train.data.datasets import DataConfig, PromptDataset
+from klppo_train.data.datasets import PromptDataset
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
 from klppo_train.ppo.step import ppo_step

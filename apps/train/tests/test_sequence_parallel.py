@@ -8,8 +8,8 @@ from test_preflight import _exit_2_matching, _tiny_model_dir, run  # noqa: F401 
 from train_testing import prompt_response_batch
 
 from batching import pack
+from klppo_train.checks.validate import validate_config
 from klppo_train.config.schema import load_config
-from klppo_train.config.validate import validate_config
 from klppo_train.runtime.sequence_parallel import SequenceParallel, SequenceShard
 
 SP2 = ["actor.ulysses_sequence_parallel_size=2", "model.share_prompts=false"]

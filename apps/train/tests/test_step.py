@@ -7,18 +7,19 @@ from dataclasses import replace
 import torch
 from transformers import Qwen2ForTokenClassification
 
-from klppo_train.budgets.roles import run_roles
 from klppo_train.budgets.run_budgets import AUTO, budgets_from_config, configured
+from klppo_train.checks.validate import validate_config
+from klppo_train.config.data import DataConfig
+from klppo_train.config.roles import run_roles
 from klppo_train.config.schema import load_config
-from klppo_train.config.validate import validate_config
-from klppo_train.data.datasets import DataConfig, PromptDataset
+from klppo_train.data.datasets import PromptDataset
 from klppo_train.data.rewards import RewardManager
 from klppo_train.demo.embedded import build_model, build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
 from klppo_train.ppo.step import ppo_step, train_on
-from klppo_train.ppo.trainee import mini_batches
 from klppo_train.runtime.packed_attention import VARLEN
 from klppo_train.trainer.assemble import StepBuilder
+from klppo_train.workers.trainee import mini_batches
 from rollout import HFEngine, HFEngineConfig, WeightSync
 
 OVERRIDES = [

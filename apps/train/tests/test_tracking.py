@@ -14,8 +14,8 @@ import pytest
 from test_run import overrides, read_records
 
 from klppo_train.__main__ import main
+from klppo_train.checks.validate import validate_config
 from klppo_train.config.schema import load_config
-from klppo_train.config.validate import validate_config
 
 LOGGERS = "trainer.logger=[console,file,tensorboard,wandb,mlflow]"
 

@@ -10,11 +10,11 @@ from train_testing import prompt_response_batch
 from transformers import Qwen2ForTokenClassification
 
 from klppo_train.demo.embedded import build_model
-from klppo_train.ppo.forward import response_logprobs, response_values
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
-from klppo_train.ppo.passes import Pass
-from klppo_train.ppo.trainee import Trainee
-from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.workers.forward import response_logprobs, response_values
+from klppo_train.workers.passes import Pass
+from klppo_train.workers.trainee import Trainee
+from klppo_train.workers.trajectories import Trajectories
 from ppo_core import aggregate_loss, kl_penalty, policy_loss, value_loss
 
 P, T, VOCAB = 5, 4, 64

@@ -13,16 +13,17 @@ from typing import NamedTuple
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 # Nothing imported here loads torch, transformers or vLLM: the checks answer in about a
-# second; the run's modules are deferred (klppo_train.cli.deferred) until they start.
-from klppo_train.cli import default_recipe, deferred, launch_world_size, parse_args, versions
+# second; the run's modules are deferred (klppo_train.runtime.launch.deferred) until they start.
+from klppo_train.checks.preflight import preflight, preflight_pairs, reward_model_missing
+from klppo_train.checks.validate import validate_config
+from klppo_train.cli import default_recipe, parse_args, versions
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.explain import explained_yaml
-from klppo_train.config.preflight import preflight, preflight_pairs, reward_model_missing
 from klppo_train.config.schema import load_config, to_yaml
-from klppo_train.config.validate import validate_config
 from klppo_train.console import configure_output
 from klppo_train.demo.sources import register_sources
 from klppo_train.runtime.allocator import log_allocator, use_allocator
+from klppo_train.runtime.launch import deferred, launch_world_size
 
 log = logging.getLogger("klppo_train")
 
@@ -36,7 +37,7 @@ def ppo_preflight(config, world_size: int, advice: list[str]):
     """The PPO run's checks, after training its reward model where the recipe asks for it
     (``reward_model.source``)."""
     if reward_model_missing(config):
-        deferred("klppo_train.reward_model.run:ensure_reward_model")(config)
+        deferred("klppo_train.trainer.reward_model_run:ensure_reward_model")(config)
     return preflight(config, world_size, advice)
 
 
@@ -44,7 +45,7 @@ def ppo_preflight(config, world_size: int, advice: list[str]):
 TASKS = {
     "ppo": Task(ppo_preflight, deferred("klppo_train.trainer.run:train")),
     "reward_model": Task(
-        preflight_pairs, deferred("klppo_train.reward_model.run:train_reward_model")
+        preflight_pairs, deferred("klppo_train.trainer.reward_model_run:train_reward_model")
     ),
     "val_only": Task(preflight, deferred("klppo_train.trainer.evaluate:evaluate")),
 }
@@ -85,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 def _fault(err: Exception) -> int:
     """A preempted run's exit code; one line and exit 1 for a lost rank; else ``err``."""
     # loaded with the run (deferred: the checks before it run without torch)
+    from klppo_train.loop.preemption import PREEMPTED_EXIT, Preempted
     from klppo_train.runtime.process_group import LostRank
-    from klppo_train.trainer.preemption import PREEMPTED_EXIT, Preempted
 
     if isinstance(err, Preempted):
         log.warning("klppo-train: %s; exit %d (resume_mode=auto continues)", err, PREEMPTED_EXIT)

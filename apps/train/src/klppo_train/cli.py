@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
-from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -59,22 +56,3 @@ def default_recipe() -> Path | None:
 
 def versions() -> str:
     return ", ".join(f"{d} {version(d)}" for d in DISTRIBUTIONS)
-
-
-def launch_world_size() -> int:
-    """The world size the launcher set up (torchrun's ``WORLD_SIZE``; 1 without it), known
-    before the process group exists."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def deferred(target: str) -> Callable:
-    """``"module:function"`` as a function that imports its module when called: what loads
-    torch, transformers or vLLM is imported after the checks, so a config or data error
-    answers in about a second."""
-
-    def call(*args, **kwargs):
-        module, name = target.split(":")
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    call.__qualname__ = call.__name__ = target
-    return call

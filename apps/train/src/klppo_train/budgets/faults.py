@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from klppo_train.budgets.roles import PASS_ROLES
+from klppo_train.config.roles import PASS_ROLES
 
 ENV = "KLPPO_FAULT_OOM"
 PASSES = tuple(PASS_ROLES)
@@ -80,5 +80,5 @@ class OOMFaults:
             raise torch.OutOfMemoryError(f"injected by {ENV} at {fault[0]}:{fault[1]}:{index}")
 
 
-# Loaded from the environment by the run's checks (klppo_train.config.preflight), once per run.
+# Loaded from the environment by the run's checks (klppo_train.checks.preflight), once per run.
 FAULTS = OOMFaults()

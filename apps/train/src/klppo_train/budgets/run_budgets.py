@@ -1,8 +1,8 @@
 """The run's per-device token budgets: resolved once, halved on out-of-memory, checkpointed.
 
-One budget per role of :data:`klppo_train.budgets.roles.ROLES` (its key takes a number or
-``auto``, measured before step 0 by :mod:`klppo_train.budgets.probe`); each pass runs within its
-role's budget (:data:`klppo_train.budgets.roles.PASS_ROLES`).
+One budget per role of :data:`klppo_train.config.roles.ROLES` (its key takes a number or
+``auto``, measured before step 0 by :mod:`klppo_train.trainer.probe`); each pass runs within its
+role's budget (:data:`klppo_train.config.roles.PASS_ROLES`).
 
 OOM back-off (:func:`run_with_backoff`): a ``torch.OutOfMemoryError`` inside a pass frees
 what it can, halves that role's budget (never below one longest sequence, the rule's
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 
 from klppo_train.budgets.faults import FAULTS
-from klppo_train.budgets.roles import (
+from klppo_train.config.roles import (
     AUTO,
     PASS_ROLES,
     ROLES,
@@ -153,7 +153,7 @@ def resolve_budgets(
     probed: dict[str, tuple[int, str]] | None = None,
 ) -> RunBudgets:
     """Each role's configured value (``values``) as a number; ``auto`` ones from ``probed``
-    (``{role: (tokens, source)}``, :func:`klppo_train.budgets.probe.choose_budgets`), which
+    (``{role: (tokens, source)}``, :func:`klppo_train.trainer.probe.choose_budgets`), which
     each must have. ``minimum``: one sequence of full length."""
     tokens = dict(values)
     source = {role: "config" for role in tokens}
@@ -162,7 +162,7 @@ def resolve_budgets(
     auto = [ROLES[role].budget_key for role, value in tokens.items() if value == AUTO]
     if auto:
         raise ValueError(
-            f"{', '.join(auto)}=auto: chosen by klppo_train.budgets.probe.choose_budgets"
+            f"{', '.join(auto)}=auto: chosen by klppo_train.trainer.probe.choose_budgets"
         )
     return RunBudgets(tokens, minimum, source, path=path)
 

@@ -1,4 +1,5 @@
-"""The run's configuration: typed sections and their loading (`schema`), verl's names
-(`verl_names`), the checks before any model loads (`validate`, `preflight`) and the user
-error they raise (`errors`).
+"""The run's configuration, torch-free, at the bottom of the app: typed sections and their
+loading (`schema`, `data`), verl's names (`verl_names`), the role table of budgets and passes
+(`roles`), choice lists (`choices`), `--explain` (`explain`) and the user error (`errors`).
+The checks are `klppo_train.checks`.
 """

@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from fsdp_sharding import ShardingConfig
+from klppo_train.config.data import DataConfig
 from klppo_train.config.verl_names import DERIVED, translate
-from klppo_train.data.datasets import DataConfig
 from rollout import HFEngineConfig, SamplingConfig, VLLMConfig
 
 log = logging.getLogger("klppo_train")
@@ -96,7 +96,7 @@ class ActorConfig:
     sizes. The critic's, reference's and rollout's switches follow it unless set."""
     ppo_max_token_len_per_gpu: int | str = 4096
     """Tokens per micro-batch of the update, or auto: measured before step 0
-    (klppo_train.budgets.probe). Halved on out-of-memory (klppo_train.budgets.run_budgets)."""
+    (klppo_train.trainer.probe). Halved on out-of-memory (klppo_train.budgets.run_budgets)."""
     ppo_epochs: int = 1
     """Passes over the step's samples."""
     clip_ratio_low: float = 0.2
@@ -417,7 +417,7 @@ class TrainerConfig:
     """Validate the starting policy (step 0)."""
     balance_batch: bool = True
     """Under torchrun: after generation, re-split the step's prompt groups over the ranks so
-    their tokens are even (verl's default; klppo_train.runtime.balance)."""
+    their tokens are even (verl's default; klppo_train.ppo.balance)."""
     allocator: str = "auto"
     """An allocator that keeps freed memory (klppo_train.runtime.allocator). auto: tcmalloc
     where the system has it (the command line re-executes itself once to preload it), else
@@ -426,7 +426,7 @@ class TrainerConfig:
     memory_limit_gib: float = 0.0
     """The most memory the run's passes may bring the device to (CUDA: the GPU's memory in
     use; CPU: the machine's RAM in use), in GiB, for the auto token budgets. 0 = in use now
-    + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.budgets.probe)."""
+    + 90 % of the GPU's free memory / 80 % of the available RAM (klppo_train.trainer.probe)."""
     logger: tuple[str, ...] = ("console", "file")
     """Where metrics go (verl's names): console (the progress bar and the end-of-run
     summary) | file (metrics.jsonl) | tensorboard | wandb | mlflow; a tracker is an extra of
@@ -638,7 +638,7 @@ def _resolve_share_prompts(cfg: AppConfig) -> AppConfig:
     """``model.share_prompts`` unset (None): on, unless the PPO run splits its rows with
     Ulysses sequence parallelism, which cannot share prompt tokens; then off, with one log
     line. A value the user set is kept (true with sequence parallelism is refused by
-    :mod:`klppo_train.config.validate`)."""
+    :mod:`klppo_train.checks.validate`)."""
     if cfg.model.share_prompts is not None:
         return cfg
     sp = cfg.actor.ulysses_sequence_parallel_size

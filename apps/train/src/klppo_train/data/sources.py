@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from klppo_train.data.datasets import check_row, write_parquet
-from klppo_train.reward_model.pairs import check_pair_row
+from klppo_train.data.pairs import check_pair_row
 
 log = logging.getLogger("klppo_train")
 

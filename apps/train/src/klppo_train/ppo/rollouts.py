@@ -17,12 +17,12 @@ from typing import Protocol
 
 from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptItem
+from klppo_train.ppo.balance import balance_rollouts
 from klppo_train.ppo.components import StepPlan
-from klppo_train.ppo.trajectories import Trajectories, trajectories
-from klppo_train.runtime.balance import balance_rollouts
 from klppo_train.runtime.engine import RolloutStats
 from klppo_train.runtime.process_group import rank_span
 from klppo_train.runtime.sequence_parallel import shared
+from klppo_train.workers.trajectories import Trajectories, trajectories
 from rollout import RolloutEngine, WeightPublisher
 
 

@@ -32,8 +32,8 @@ from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptItem
 from klppo_train.ppo.algorithm import advantage_metrics, explained_variance
 from klppo_train.ppo.components import Components
-from klppo_train.ppo.trajectories import Trajectories
 from klppo_train.runtime.process_group import concat_over_ranks, rank_span
+from klppo_train.workers.trajectories import Trajectories
 from ppo_core import masked_mean, token_level_scores
 from rollout import logprob_mismatch
 

@@ -1,2 +1,4 @@
-"""The learned reward model: preference pairs, its training (``trainer.task=reward_model``),
-its HF directory, and the worker that scores responses in the PPO step."""
+"""Reward models: the pairwise training pass and accuracy (`training`), scoring in the PPO
+step (`serve`), the HF export (`export`, `hf_dir`). Their run is
+`klppo_train.trainer.reward_model_run`.
+"""

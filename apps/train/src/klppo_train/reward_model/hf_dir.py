@@ -6,7 +6,7 @@ validation scores' ``mean`` and ``std`` in its config (OpenRLHF's names), so tra
 vLLM's ``/classify`` and other trainers load it as is. klppo's passes load the same weights
 as ``AutoModelForTokenClassification`` without a bias (identical parameters), which gives
 the head's output at every token of a packed row; the score is read at the response's last
-token (:func:`klppo_train.ppo.forward.response_scores`).
+token (:func:`klppo_train.workers.forward.response_scores`).
 
 Reading one needs no torch (the checks before any model loads); making one:
 :mod:`klppo_train.reward_model.export`.

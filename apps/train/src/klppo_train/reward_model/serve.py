@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from klppo_train.budgets.run_budgets import RunBudgets
-from klppo_train.ppo.forward import response_scores
-from klppo_train.ppo.passes import ForwardPass
-from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.workers.forward import response_scores
+from klppo_train.workers.passes import ForwardPass
+from klppo_train.workers.trajectories import Trajectories
 from rollout import left_pad
 
 

@@ -1,7 +1,7 @@
 """Training a reward model: the pairwise loss on micro-batches of whole pairs, the trainee
 that takes one optimizer step per batch of pairs, and the held-out pairwise accuracy.
 
-The update is :class:`klppo_train.ppo.trainee.Trainee`'s (clip, optimizer step, offload,
+The update is :class:`klppo_train.workers.trainee.Trainee`'s (clip, optimizer step, offload,
 checkpoint, OOM back-off within the ``reward_training`` budget); what differs is the unit:
 a micro-batch holds whole pairs (the Bradley–Terry loss needs both scores of a pair), cut
 within the token budget by the pairs' summed lengths, and each micro-batch's loss is its
@@ -18,16 +18,16 @@ import torch
 from batching import micro_batch_plan
 from fsdp_sharding import default_device
 from klppo_train.budgets.run_budgets import RunBudgets
-from klppo_train.ppo.forward import response_scores
-from klppo_train.ppo.trainee import Trainee, _aggregate
-from klppo_train.ppo.trajectories import Trajectories
-from klppo_train.reward_model.pairs import Pair
+from klppo_train.data.pairs import Pair
 from klppo_train.runtime.process_group import (
     concat_over_ranks,
     rank_slice,
     sum_over_ranks,
     world_size,
 )
+from klppo_train.workers.forward import response_scores
+from klppo_train.workers.trainee import Trainee, _aggregate
+from klppo_train.workers.trajectories import Trajectories
 from ppo_core import pairwise_reward_loss
 from rollout import left_pad
 

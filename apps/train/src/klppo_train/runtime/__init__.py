@@ -1,4 +1,5 @@
-"""What the run runs on: the process group and metric reduction (`process_group`), precision,
-the packed attention, the allocator, the rollout engine and sampling (`engine`), rollouts
-balanced over ranks (`balance`), HF directories (`hf_dirs`).
+"""What the run runs on: the process group and metric reduction (`process_group`), what the
+launcher set up and deferred imports (`launch`), precision, the packed attention, Ulysses
+sequence parallelism, LoRA, the allocator, the rollout engine and sampling (`engine`), HF
+directories (`hf_dirs`).
 """

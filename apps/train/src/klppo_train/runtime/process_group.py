@@ -229,7 +229,7 @@ def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """A step's metrics over all ranks, as one process on the whole batch would log them:
     maxima by max, counts summed, token means weighted by each rank's ``perf/response_tokens``
     (so ``metrics.jsonl`` does not change with the world size). The updates' metrics arrive
-    global already (:func:`klppo_train.ppo.trainee.mean_over_steps`)."""
+    global already (:func:`klppo_train.workers.trainee.mean_over_steps`)."""
     gathered = _gathered(metrics)
     if len(gathered) == 1:
         return dict(metrics)

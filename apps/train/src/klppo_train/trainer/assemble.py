@@ -18,19 +18,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape
-from klppo_train.budgets.roles import PASS_ROLES, run_roles, static_micro_batch_size
 from klppo_train.budgets.run_budgets import configured, longest_sequence
+from klppo_train.checks.validate import sequence_parallel_size
+from klppo_train.config.roles import PASS_ROLES, run_roles, static_micro_batch_size
 from klppo_train.config.schema import AppConfig
-from klppo_train.config.validate import sequence_parallel_size
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
 from klppo_train.ppo.components import Components, StepPlan
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
-from klppo_train.ppo.passes import ForwardPass, Pass
 from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.rollouts import ColocatedRollouts
-from klppo_train.ppo.trainee import Trainee
 from klppo_train.reward_model.hf_dir import stored_normalization
 from klppo_train.reward_model.serve import (
     Retemplate,
@@ -41,7 +38,10 @@ from klppo_train.reward_model.serve import (
 from klppo_train.runtime.engine import RolloutStats, Sampling
 from klppo_train.runtime.process_group import dp_size, sum_over_ranks
 from klppo_train.runtime.sequence_parallel import sequence_parallel
+from klppo_train.trainer.probe import QUADRATIC_ATTENTION, ProbeShape
 from klppo_train.trainer.schedule import make_scheduler
+from klppo_train.workers.passes import ForwardPass, Pass
+from klppo_train.workers.trainee import Trainee
 from rollout import RolloutEngine, WeightPublisher
 
 log = logging.getLogger("klppo_train")

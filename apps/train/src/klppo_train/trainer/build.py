@@ -28,10 +28,8 @@ from fsdp_sharding import (
     iter_full_state_dict,
     shard_model,
 )
+from klppo_train.checks.validate import sequence_parallel_size
 from klppo_train.config.schema import AppConfig
-from klppo_train.config.validate import sequence_parallel_size
-from klppo_train.data import sources
-from klppo_train.data.datasets import read_rows
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.components import Components
 from klppo_train.reward_model.export import scalar_head_config
@@ -44,24 +42,6 @@ from klppo_train.trainer.assemble import StepBuilder
 from rollout import AdapterSync, WeightSync
 
 log = logging.getLogger("klppo_train")
-
-
-def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
-    """The HF directory of the actor: the recipe's, or the embedded model (built, warmed up
-    and cached in ``run_dir/model``)."""
-    if cfg.model.path:  # checked by preflight
-        return Path(cfg.model.path).expanduser()
-    path = run_dir / "model"
-    if (path / "config.json").exists():
-        return path
-    # Warm-up stops on accuracy over training rows the PPO phase will also see (never val).
-    return sources.embedded().model(
-        path,
-        train_rows=read_rows(cfg.data.train_files),
-        warmup_steps=cfg.model.warmup_steps,
-        target_accuracy=cfg.model.warmup_target_accuracy,
-        seed=cfg.trainer.seed,
-    )
 
 
 def _sharded(model, fsdp: ShardingConfig, compute: Precision):

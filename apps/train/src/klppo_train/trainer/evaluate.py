@@ -23,11 +23,13 @@ from typing import Any
 import torch.distributed as dist
 
 from fsdp_sharding import default_device, load_checkpoint
-from klppo_train.budgets.roles import AUTO, longest_sequence
 from klppo_train.budgets.run_budgets import RunBudgets, configured, resolve_budgets
-from klppo_train.config.preflight import Checked
+from klppo_train.checks.preflight import Checked
+from klppo_train.config.roles import AUTO, longest_sequence
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
+from klppo_train.loop.run_dir import prepare_run_dir
+from klppo_train.loop.run_loop import finish
 from klppo_train.ppo.components import StepPlan
 from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.runtime.engine import build_engine
@@ -37,9 +39,7 @@ from klppo_train.runtime.process_group import init_distributed, is_main
 from klppo_train.tracking.metrics_log import MetricsLog, Tracking
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import _actor, _reward_model, _weight_sync
-from klppo_train.trainer.loop import finish
 from klppo_train.trainer.run import NORMALIZATION_FILE
-from klppo_train.trainer.run_dir import prepare_run_dir
 from klppo_train.trainer.validation import validate
 
 log = logging.getLogger("klppo_train")

@@ -1,8 +1,8 @@
-"""PPO as a task of the one run loop (:mod:`klppo_train.trainer.loop`): :func:`train`.
+"""PPO as a task of the one run loop (:mod:`klppo_train.loop.run_loop`): :func:`train`.
 
 Built (:meth:`PPOTask.build`): the components (sharded models, optimizers, engine, weight
 sync), the prompt loader and the LR schedulers. At the start the token budgets come from a
-checkpoint or the config (``auto`` ones probed, :mod:`klppo_train.budgets.probe`); a
+checkpoint or the config (``auto`` ones probed, :mod:`klppo_train.trainer.probe`); a
 resumed run syncs its weights into the engine, a fresh one with
 ``reward_model.normalize=reference`` measures the reward normalization. A step is
 :func:`klppo_train.ppo.step.ppo_step` and the schedulers' step; validation greedy-answers
@@ -17,23 +17,23 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klppo_train.budgets.probe import choose_budgets
 from klppo_train.budgets.run_budgets import BUDGETS_FILE
-from klppo_train.cli import launch_world_size
-from klppo_train.config.preflight import Checked, preflight
+from klppo_train.checks.preflight import Checked, preflight
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import PromptLoader
+from klppo_train.loop import run_loop
+from klppo_train.loop.checkpoints import BudgetsInForce, RNGStates, Stateful
+from klppo_train.loop.report import PLOTTED
+from klppo_train.loop.run_dir import prepare_run_dir, total_steps
+from klppo_train.loop.run_loop import LoopSettings
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.step import calibrate_reward_model, ppo_step
+from klppo_train.runtime.launch import launch_world_size
 from klppo_train.runtime.process_group import is_main
 from klppo_train.tracking.metrics_log import SHOWN, Tracking
-from klppo_train.trainer import loop
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components
-from klppo_train.trainer.checkpoints import BudgetsInForce, RNGStates, Stateful
-from klppo_train.trainer.loop import LoopSettings
-from klppo_train.trainer.report import PLOTTED
-from klppo_train.trainer.run_dir import prepare_run_dir, total_steps
+from klppo_train.trainer.probe import choose_budgets
 from klppo_train.trainer.validation import validate
 
 log = logging.getLogger("klppo_train")
@@ -41,10 +41,10 @@ log = logging.getLogger("klppo_train")
 
 def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
     """Run the configured PPO steps under the one loop (resuming if asked); return the
-    summary. ``checked``: what :func:`klppo_train.config.preflight.preflight` returned (run
+    summary. ``checked``: what :func:`klppo_train.checks.preflight.preflight` returned (run
     here when not given). Engine and process group are closed however the run ends."""
     checked = checked or preflight(cfg, launch_world_size())
-    return loop.run(
+    return run_loop.run(
         LoopSettings.of(cfg.trainer),
         lambda: prepare_run_dir(cfg),
         lambda model_dir: PPOTask.build(cfg, checked, model_dir),
@@ -83,7 +83,7 @@ def _calibrate(c: Components, items, run_dir: Path) -> None:
 
 @dataclass
 class PPOTask:
-    """PPO as a task of :mod:`klppo_train.trainer.loop`: a step is :func:`ppo_step` on the
+    """PPO as a task of :mod:`klppo_train.loop.run_loop`: a step is :func:`ppo_step` on the
     loader's next batch and the LR schedulers' step; validation is the held-out prompts'
     greedy answers; the export is the actor's. Built from the config once (:meth:`build`)."""
 

@@ -1,11 +1,11 @@
 """The step's passes, built once from the config (:mod:`klppo_train.trainer.build`).
 
-A :class:`Pass` is a name of :data:`klppo_train.budgets.roles.PASS_ROLES` and how its micro-batches
+A :class:`Pass` is a name of :data:`klppo_train.config.roles.PASS_ROLES` and how its micro-batches
 are cut: within its role's token budget (the number in force, :class:`RunBudgets`, which the
 OOM back-off may halve) or, in verl's static mode, ``micro_batch_size`` sequences at a time.
 A :class:`ForwardPass` adds the model and what it computes on the step's samples: response
 log-probs (old-log-prob and reference passes) or values (the critic's). The updates are
-:class:`klppo_train.ppo.trainee.Trainee` objects, each with its update :class:`Pass`.
+:class:`klppo_train.workers.trainee.Trainee` objects, each with its update :class:`Pass`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from klppo_train.budgets.roles import PASS_ROLES
 from klppo_train.budgets.run_budgets import RunBudgets, run_with_backoff
-from klppo_train.ppo.forward import NO_SP, response_logprobs, response_values
-from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.config.roles import PASS_ROLES
 from klppo_train.runtime.sequence_parallel import SequenceParallel
+from klppo_train.workers.forward import NO_SP, response_logprobs, response_values
+from klppo_train.workers.trajectories import Trajectories
 
 T = TypeVar("T")
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from batching import check_token_budgets
 from fsdp_sharding import has_manifest, verify_manifest  # fsdp_sharding.manifest: no torch
-from klppo_train.budgets.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
 from klppo_train.config.choices import (
     ADV_ESTIMATORS,
     ATTN_IMPLEMENTATIONS,
@@ -19,6 +18,7 @@ from klppo_train.config.choices import (
     SCHEDULES,
     VARLEN,
 )
+from klppo_train.config.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
 from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
 from klppo_train.data import sources
 from klppo_train.runtime.allocator import check_allocator
@@ -282,7 +282,7 @@ def sequence_parallel_size(cfg: AppConfig) -> int:
 
 def _check_sequence_parallel(cfg: AppConfig, world_size: int) -> None:
     """One size for the run, dividing the world; what a split row needs: the packed
-    attention, no shared prompts (heads: :mod:`klppo_train.config.preflight`). An unset
+    attention, no shared prompts (heads: :mod:`klppo_train.checks.preflight`). An unset
     ``model.share_prompts`` is off here already (``schema.load_config``); true was set."""
     sp = cfg.actor.ulysses_sequence_parallel_size
     if sp < 1 or world_size % sp:
@@ -310,7 +310,7 @@ def _check_sequence_parallel(cfg: AppConfig, world_size: int) -> None:
 
 def _check_reward_model(cfg: AppConfig) -> None:
     """The reward model's switches (its directory is checked with the data, before any model
-    loads: :mod:`klppo_train.config.preflight`)."""
+    loads: :mod:`klppo_train.checks.preflight`)."""
     rm = cfg.reward_model
     if rm.enable and not (rm.path or rm.source):
         raise ValueError("reward_model.enable=true needs reward_model.path (or a .source recipe)")

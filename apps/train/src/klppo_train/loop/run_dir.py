@@ -7,8 +7,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from klppo_train.config.schema import AppConfig, TrainerConfig, to_yaml
+from klppo_train.data import sources
+from klppo_train.data.datasets import read_rows
 from klppo_train.runtime.process_group import is_main
-from klppo_train.trainer.build import ensure_model_dir
 
 
 def total_steps(trainer: TrainerConfig, batches_per_epoch: int) -> int:
@@ -25,3 +26,21 @@ def prepare_run_dir(cfg: AppConfig, subdir: str = "") -> tuple[Path, Path]:
         ensure_model_dir(cfg, run_dir)
     dist.barrier()
     return run_dir, ensure_model_dir(cfg, run_dir)  # now only finds it
+
+
+def ensure_model_dir(cfg: AppConfig, run_dir: Path) -> Path:
+    """The HF directory of the actor: the recipe's, or the embedded model (built, warmed up
+    and cached in ``run_dir/model``)."""
+    if cfg.model.path:  # checked by preflight
+        return Path(cfg.model.path).expanduser()
+    path = run_dir / "model"
+    if (path / "config.json").exists():
+        return path
+    # Warm-up stops on accuracy over training rows the PPO phase will also see (never val).
+    return sources.embedded().model(
+        path,
+        train_rows=read_rows(cfg.data.train_files),
+        warmup_steps=cfg.model.warmup_steps,
+        target_accuracy=cfg.model.warmup_target_accuracy,
+        seed=cfg.trainer.seed,
+    )

@@ -9,7 +9,7 @@ Numbered, as every rank runs it (``torchrun`` or one process):
      :meth:`Task.start` either way (token budgets, calibration, the engine's weights);
   4. per step: :meth:`Task.step` → validation every ``test_freq`` → metrics → checkpoint
      every ``save_freq`` and on preemption (SIGTERM: a checkpoint at the step boundary,
-     exit 143: :mod:`klppo_train.trainer.preemption`);
+     exit 143: :mod:`klppo_train.loop.preemption`);
   5. the task's export after the last step, plot and summary (rank 0).
 
 A lost rank (a collective that timed out) is named (:func:`timed_out`) however the task
@@ -31,6 +31,14 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from klppo_train.loop.checkpoints import (
+    Stateful,
+    load_checkpoint_dir,
+    resolve_resume,
+    save_checkpoint_dir,
+)
+from klppo_train.loop.preemption import Preempted, Preemption
+from klppo_train.loop.report import PLOTTED, plot_metrics, summarize, summary_text
 from klppo_train.runtime.process_group import (
     global_metrics,
     init_distributed,
@@ -38,14 +46,6 @@ from klppo_train.runtime.process_group import (
     timed_out,
 )
 from klppo_train.tracking.metrics_log import MetricsLog, Tracking
-from klppo_train.trainer.checkpoints import (
-    Stateful,
-    load_checkpoint_dir,
-    resolve_resume,
-    save_checkpoint_dir,
-)
-from klppo_train.trainer.preemption import Preempted, Preemption
-from klppo_train.trainer.report import plot_metrics, summarize, summary_text
 
 log = logging.getLogger("klppo_train")
 
@@ -182,7 +182,9 @@ def _steps(
     return metrics_log
 
 
-def finish(run_dir: Path, metrics_log: MetricsLog, start: float, panels: Sequence, **about) -> dict:
+def finish(
+    run_dir: Path, metrics_log: MetricsLog, start: float, panels: Sequence = PLOTTED, **about
+) -> dict:
     """Plot (``panels``) + summary (with ``about``'s entries) on rank 0 (the others wait);
     the summary is printed with ``console`` among ``trainer.logger``, with one validation
     generation if any."""

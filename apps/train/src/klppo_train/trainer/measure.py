@@ -4,7 +4,7 @@ CUDA: ``max_memory_allocated`` after a reset, over what was allocated before. CP
 process's peak RSS (``VmHWM`` after writing 5 to ``/proc/self/clear_refs``) over its RSS
 when the series began, with the allocator's free memory handed back to the OS then
 (tcmalloc when preloaded, else glibc's ``malloc_trim``), so that what earlier roles left
-cached does not hide a pass's need. Used by :mod:`klppo_train.budgets.probe` and
+cached does not hide a pass's need. Used by :mod:`klppo_train.trainer.probe` and
 ``benchmarks/budget_bench.py``.
 """
 

@@ -1,6 +1,6 @@
 """``auto`` token budgets: each role's real pass, measured at a series of budgets before step 0.
 
-For every role whose budget is ``auto`` (:data:`klppo_train.budgets.roles.ROLES`), the probe runs
+For every role whose budget is ``auto`` (:data:`klppo_train.config.roles.ROLES`), the probe runs
 that role's own pass as built for the run (:class:`Components`: the actor's and critic's
 :class:`Trainee` forward + backward of their losses, gradients zeroed after, no optimizer
 step; the old/ref log-prob :class:`ForwardPass`) on synthetic sequences of the recipe's full
@@ -8,7 +8,7 @@ length (``max_prompt_length + response_length``, random token ids), and lets
 :func:`batching.search_budget` measure it at L, 4L, 16L, ... up to the most tokens that pass
 ever gets in one micro-batch (one rank's mini-batch for updates, its whole batch for forward
 passes) and choose. Each point records its time and its peak memory growth
-(:mod:`klppo_train.budgets.measure`: CUDA ``max_memory_allocated``, CPU peak RSS).
+(:mod:`klppo_train.trainer.measure`: CUDA ``max_memory_allocated``, CPU peak RSS).
 
 The allowance is ``trainer.memory_limit_gib`` minus what is in use now and the optimizer
 state still to come; 0 = 90 % of the GPU's free memory / 80 % of the available RAM, shared
@@ -31,15 +31,15 @@ import torch
 
 from batching import ProbePoint, search_budget
 from fsdp_sharding import default_device
-from klppo_train.budgets.measure import PassMeter, agree, memory_allowance
-from klppo_train.budgets.roles import ROLES
 from klppo_train.budgets.run_budgets import AUTO, RunBudgets, resolve_budgets
 from klppo_train.budgets.run_budgets import release_memory as release_cached
 from klppo_train.config.errors import UserError
+from klppo_train.config.roles import ROLES
 from klppo_train.ppo.components import Components
-from klppo_train.ppo.passes import ForwardPass
-from klppo_train.ppo.trainee import Trainee
-from klppo_train.ppo.trajectories import Trajectories
+from klppo_train.trainer.measure import PassMeter, agree, memory_allowance
+from klppo_train.workers.passes import ForwardPass
+from klppo_train.workers.trainee import Trainee
+from klppo_train.workers.trajectories import Trajectories
 
 log = logging.getLogger("klppo_train")
 QUADRATIC_ATTENTION = ("sdpa", "eager")  # [nnz, nnz] masks: memory grows with tokens²

@@ -3,7 +3,7 @@
 ``run_dir/checkpoints/global_step_<N>/`` holds one folder per trainee (``actor/``,
 ``critic/``, ``reward_model/``: sharded model + optimizer, :meth:`Trainee.save`) and, with
 the first, the trainer state: the step and every :class:`Stateful` of the task
-(:meth:`klppo_train.trainer.loop.Task.states`) -- e.g. each LR
+(:meth:`klppo_train.loop.run_loop.Task.states`) -- e.g. each LR
 scheduler, the KL controller, the data-loader position, the token budgets (as probed or
 backed off: a resumed run neither probes again nor forgets a halving) and the RNG states --
 each saving and loading itself (torchtitan's ``Stateful``). A step directory is written

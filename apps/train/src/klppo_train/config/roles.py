@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 AUTO = "auto"
-"""A budget key's value that has the probe measure the budget (klppo_train.budgets.probe)."""
+"""A budget key's value that has the probe measure the budget (klppo_train.trainer.probe)."""
 
 
 @dataclass(frozen=True)

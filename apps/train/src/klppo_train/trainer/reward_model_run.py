@@ -24,15 +24,17 @@ import torch
 from transformers import AutoModelForTokenClassification
 
 from fsdp_sharding import default_device
-from klppo_train.budgets.probe import QUADRATIC_ATTENTION, ProbeShape, choose_budgets
-from klppo_train.budgets.roles import static_micro_batch_size
 from klppo_train.budgets.run_budgets import BUDGETS_FILE, RunBudgets, configured
-from klppo_train.cli import launch_world_size
+from klppo_train.checks.preflight import CheckedPairs, preflight_pairs, reward_model_missing
 from klppo_train.config.errors import UserError, user_errors
-from klppo_train.config.preflight import CheckedPairs, preflight_pairs, reward_model_missing
+from klppo_train.config.roles import static_micro_batch_size
 from klppo_train.config.schema import AppConfig, load_config
 from klppo_train.data.datasets import PromptLoader
-from klppo_train.ppo.passes import Pass
+from klppo_train.loop import run_loop
+from klppo_train.loop.checkpoints import BudgetsInForce, RNGStates, Stateful
+from klppo_train.loop.report import PLOTTED_RM, SHOWN_RM
+from klppo_train.loop.run_dir import prepare_run_dir, total_steps
+from klppo_train.loop.run_loop import LoopSettings
 from klppo_train.reward_model.export import (
     export_reward_model,
     init_score_head,
@@ -45,6 +47,7 @@ from klppo_train.reward_model.training import (
     RewardTrainee,
     pairwise_accuracy,
 )
+from klppo_train.runtime.launch import launch_world_size
 from klppo_train.runtime.precision import resolve_precision
 from klppo_train.runtime.process_group import (
     is_main,
@@ -52,14 +55,11 @@ from klppo_train.runtime.process_group import (
     world_size,
 )
 from klppo_train.tracking.metrics_log import Tracking
-from klppo_train.trainer import loop
 from klppo_train.trainer.assemble import adamw
 from klppo_train.trainer.build import _load, _sharded, _values_not_a_view
-from klppo_train.trainer.checkpoints import BudgetsInForce, RNGStates, Stateful
-from klppo_train.trainer.loop import LoopSettings
-from klppo_train.trainer.report import PLOTTED_RM, SHOWN_RM
-from klppo_train.trainer.run_dir import prepare_run_dir, total_steps
+from klppo_train.trainer.probe import QUADRATIC_ATTENTION, ProbeShape, choose_budgets
 from klppo_train.trainer.schedule import make_scheduler
+from klppo_train.workers.passes import Pass
 
 log = logging.getLogger("klppo_train")
 EXPORT_DIR = "reward_model_hf"
@@ -133,7 +133,7 @@ def train_reward_model(cfg: AppConfig, checked: CheckedPairs | None = None) -> d
     """Train under the one loop (resuming if asked), export ``run_dir/reward_model_hf``;
     the summary."""
     checked = checked or preflight_pairs(cfg, launch_world_size())
-    return loop.run(
+    return run_loop.run(
         LoopSettings.of(cfg.trainer),
         lambda: prepare_run_dir(cfg),
         lambda model_dir: RewardModelTask.build(cfg, checked, model_dir),
@@ -143,7 +143,7 @@ def train_reward_model(cfg: AppConfig, checked: CheckedPairs | None = None) -> d
 
 @dataclass
 class RewardModelTask:
-    """Reward-model training as a task of :mod:`klppo_train.trainer.loop`: a step is one
+    """Reward-model training as a task of :mod:`klppo_train.loop.run_loop`: a step is one
     optimizer step on the loader's next pairs (each rank its share); validation is the
     held-out pairwise accuracy; the export is ``reward_model_hf``."""
 

@@ -26,10 +26,10 @@ from fsdp_sharding import (
     save_checkpoint,
 )
 from klppo_train.budgets.run_budgets import RunBudgets
-from klppo_train.ppo.losses import GlobalCounts, MicroBatchLoss
-from klppo_train.ppo.passes import Pass
-from klppo_train.ppo.trajectories import Trajectories
 from klppo_train.runtime.process_group import dp_size, sum_over_ranks
+from klppo_train.workers.losses import GlobalCounts, MicroBatchLoss
+from klppo_train.workers.passes import Pass
+from klppo_train.workers.trajectories import Trajectories
 from ppo_core import SHARE_METRICS
 
 

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from klppo_train.budgets.faults import FAULTS
+from klppo_train.checks.validate import sequence_parallel_size, validate_config
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.schema import AppConfig
-from klppo_train.config.validate import sequence_parallel_size, validate_config
 from klppo_train.data import sources
 from klppo_train.data.datasets import PromptDataset, read_rows
+from klppo_train.data.pairs import PairDataset, read_pairs
 from klppo_train.data.rewards import RewardManager
 from klppo_train.reward_model.hf_dir import is_reward_model_dir, stored_normalization
-from klppo_train.reward_model.pairs import PairDataset, read_pairs
 from klppo_train.runtime.hf_dirs import load_tokenizer
 
 log = logging.getLogger("klppo_train")
@@ -131,7 +131,7 @@ def _pairs(cfg: AppConfig, key: str, rows: list, tokenizer) -> PairDataset:
 
 def preflight_pairs(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None):
     """:func:`preflight` of a reward-model run: config, model directory + tokenizer, the
-    preference pairs row by row (:mod:`klppo_train.reward_model.pairs`)."""
+    preference pairs row by row (:mod:`klppo_train.data.pairs`)."""
     if not cfg.model.path:
         raise UserError("model.path is empty: trainer.task=reward_model starts from a HF model")
     return CheckedPairs(*_checked_data(cfg, world_size, advice, (read_pairs, _pairs), "pairs"))
