@@ -110,7 +110,7 @@ def test_unknown_keys_and_bad_types(override: str, match: str) -> None:
         (["rollout.hf.max_tokens_per_batch=0"], "rollout.hf.max_tokens_per_batch must be >= 1"),
         (["actor.loss_agg_mode=sum"], "actor.loss_agg_mode='sum'"),
         (
-            ["model.attn_implementation=sdpa"],
+            ["model.attn_implementation=sdpa", "model.share_prompts=true"],
             "model.share_prompts=true needs model.attn_implementation=klppo_varlen",
         ),
     ],
@@ -440,6 +440,22 @@ def test_share_prompts_unset_gives_way_to_sequence_parallelism(
             validate_config(cfg, world_size=2)
     # the printed config holds the resolved value and loads back to the same run
     assert f"share_prompts: {str(shared).lower()}" in to_yaml(cfg)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flash_attention_2"])
+def test_share_prompts_unset_gives_way_to_a_dense_attention(attention, caplog) -> None:
+    """An attention that cannot share prompt tokens, chosen by the user, turns the default
+    off (one line) instead of failing; an explicit ``share_prompts=true`` still fails."""
+    choice = f"model.attn_implementation={attention}"
+    with caplog.at_level("INFO", logger="klppo_train"):
+        cfg = load_config(None, [choice])
+    assert cfg.model.share_prompts is False
+    validate_config(cfg)
+    lines = [r.getMessage() for r in caplog.records if "share_prompts" in r.getMessage()]
+    assert lines == [f"model.share_prompts off: {choice} does not share prompts"]
+    explicit = load_config(None, [choice, "model.share_prompts=true"])
+    with pytest.raises(ValueError, match="model.share_prompts=true needs"):
+        validate_config(explicit)
 
 
 def test_rlhf_recipes_critic_follows_its_reward_model() -> None:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from fsdp_sharding import ShardingConfig
+from klppo_train.config.choices import VARLEN
 from klppo_train.config.data import DataConfig
 from klppo_train.config.verl_names import DERIVED, translate
 from rollout import HFEngineConfig, SamplingConfig, VLLMConfig
@@ -50,11 +51,12 @@ class ModelConfig:
     eager. klppo_train.runtime.packed_attention"""
     share_prompts: bool | None = None
     """The n samples of a prompt run its tokens once per micro-batch in every training-side
-    pass (batching.pack_shared_prompts; exact). Needs klppo_varlen: true makes auto pick it,
-    and refuses sdpa / eager / flash_attention_2 (set false for those). null (the default)
-    = true, except with Ulysses sequence parallelism (actor.ulysses_sequence_parallel_size
-    > 1: a split row cannot share prompt tokens), where it turns itself off and says so;
-    true with it is an error. The loaded config holds the resolved true / false."""
+    pass (batching.pack_shared_prompts; exact). Needs klppo_varlen: true makes auto pick it.
+    null (the default) = true, except where prompts cannot be shared: with Ulysses sequence
+    parallelism (actor.ulysses_sequence_parallel_size > 1: a split row cannot share prompt
+    tokens) or an attn_implementation of sdpa / eager / flash_attention_2; there it turns
+    itself off and says so in one line, and an explicit true is an error. The loaded config
+    holds the resolved true / false."""
     warmup_steps: int = 400
     """Embedded model only: supervised warm-up before PPO, at most this many steps."""
     warmup_target_accuracy: float = 0.25
@@ -573,7 +575,7 @@ def _as_typed(override: str) -> str:
 def load_config(recipe: str | Path | None = None, overrides: list[str] | None = None) -> AppConfig:
     """Schema defaults ← YAML recipe ← dotted overrides (klppo's or verl's names), type-checked;
     the switches left unset (None) resolved: the ``use_dynamic_bsz`` ones follow the actor's,
-    ``model.share_prompts`` is on unless Ulysses splits the rows.
+    ``model.share_prompts`` is on unless Ulysses splits the rows or the attention is dense.
 
     Raises:
         ValueError: one line naming every unknown or refused key, or the first bad value.
@@ -635,21 +637,23 @@ def _follow_actor_dynamic_bsz(cfg: AppConfig) -> AppConfig:
 
 
 def _resolve_share_prompts(cfg: AppConfig) -> AppConfig:
-    """``model.share_prompts`` unset (None): on, unless the PPO run splits its rows with
-    Ulysses sequence parallelism, which cannot share prompt tokens; then off, with one log
-    line. A value the user set is kept (true with sequence parallelism is refused by
-    :mod:`klppo_train.checks.validate`)."""
+    """``model.share_prompts`` unset (None): on, unless the run cannot share prompt tokens —
+    a PPO run that splits its rows with Ulysses sequence parallelism, or an attention other
+    than klppo's packed one (``model.attn_implementation=sdpa|eager|flash_attention_2``) —
+    then off, with one log line naming why. A value the user set is kept (true with either
+    is refused by :mod:`klppo_train.checks.validate`)."""
     if cfg.model.share_prompts is not None:
         return cfg
     sp = cfg.actor.ulysses_sequence_parallel_size
-    share = not (cfg.trainer.task == "ppo" and sp > 1)
-    if not share and os.environ.get("RANK", "0") == "0":  # once per run, not per rank
-        log.info(
-            "model.share_prompts off: Ulysses sequence parallelism "
-            "(actor.ulysses_sequence_parallel_size=%d) does not share prompts",
-            sp,
-        )
-    return replace(cfg, model=replace(cfg.model, share_prompts=share))
+    attention = cfg.model.attn_implementation
+    why = ""
+    if cfg.trainer.task == "ppo" and sp > 1:
+        why = f"Ulysses sequence parallelism (actor.ulysses_sequence_parallel_size={sp})"
+    elif attention not in ("auto", VARLEN):
+        why = f"model.attn_implementation={attention}"
+    if why and os.environ.get("RANK", "0") == "0":  # once per run, not per rank
+        log.info("model.share_prompts off: %s does not share prompts", why)
+    return replace(cfg, model=replace(cfg.model, share_prompts=not why))
 
 
 def to_yaml(config: AppConfig) -> str:
