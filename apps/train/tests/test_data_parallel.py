@@ -63,6 +63,18 @@ INVARIANT = (
 )
 
 
+# What a verl user sets for Ulysses (the reference and critic follow the actor's anyway).
+VERL_ULYSSES = (
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
+    "critic.ulysses_sequence_parallel_size=2",
+)
+SHARING_OFF = (
+    "model.share_prompts off: Ulysses sequence parallelism "
+    "(actor.ulysses_sequence_parallel_size=2) does not share prompts"
+)
+
+
 def _train(run: Path, data: Path, launcher: list[str], *more: str) -> list[dict]:
     """Three steps of the embedded default (vLLM), one thread per process as torchrun
     gives each rank (the same kernels, so float rounding differs only by the split)."""
@@ -100,6 +112,7 @@ def _train(run: Path, data: Path, launcher: list[str], *more: str) -> list[dict]
     )
     assert done.returncode == 0, done.stderr[-4000:]
     (run / "stdout.txt").write_text(done.stdout)
+    (run / "stderr.txt").write_text(done.stderr)
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -140,11 +153,14 @@ def test_a_run_is_the_same_at_world_size_1_and_2(tmp_path: Path) -> None:
     shards = sorted(p.name for p in (two / "checkpoints/global_step_3/actor").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]
     assert (two / "stdout.txt").read_text().count("klppo run finished") == 1  # rank 0 reports
-    # Ulysses (issue 30): both ranks split each packed row of the same samples
+    # Ulysses (issue 30): both ranks split each packed row of the same samples; a verl
+    # user's keys alone (issue 40): model.share_prompts, unset, turns itself off in one line
     sp = tmp_path / "sp"
     shutil.copytree(one / "model", sp / "model")
-    ulysses = ("actor.ulysses_sequence_parallel_size=2", "model.share_prompts=false")
-    split_rows = _train(sp, one / "data", torchrun, *ulysses)
+    split_rows = _train(sp, one / "data", torchrun, *VERL_ULYSSES)
+    said = (sp / "stderr.txt").read_text()
+    assert said.count(SHARING_OFF) == 1 and "Triton not available" not in said, said[-3000:]
+    assert "share_prompts: false" in (sp / "config.yaml").read_text()
     for a, b in zip(alone[1:], split_rows[1:], strict=True):
         _same(a, b)
     _same_weights(one, sp)

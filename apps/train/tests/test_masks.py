@@ -12,6 +12,7 @@ from test_step import components
 
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.ppo.step import _step_metrics
+from klppo_train.runtime.process_group import LOSS_TOKENS, global_metrics
 from klppo_train.workers.losses import GlobalCounts
 from klppo_train.workers.trajectories import Trajectories
 from ppo_core import token_level_scores
@@ -135,6 +136,9 @@ def test_metrics_count_loss_tokens_and_budgets_every_token(built) -> None:
     assert metrics["response_length/mean"] == float(RESPONSE.sum(-1).float().mean())
     want = float((t.advantages * LOSS).sum() / LOSS.sum())
     assert metrics["critic/advantages/mean"] == pytest.approx(want, rel=1e-6)
+    # the ranks' token means are weighted by their loss tokens; the weight is not logged
+    assert metrics[LOSS_TOKENS] == 21 and metrics["perf/response_tokens"] == 26
+    assert LOSS_TOKENS not in global_metrics(metrics)
     # the micro-batches are cut by the computed tokens, whatever is trained on
     plan = c.actor._plan(t, max_tokens=2 * (P + T))
     assert plan == c.actor._plan(replace(t, loss_mask=RESPONSE), max_tokens=2 * (P + T))

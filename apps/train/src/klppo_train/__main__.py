@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         checked = task.preflight(config, world_size, advice)
     except UserError as err:
         return _user_error(err, args.debug)
+    except Exception as err:  # a reward model trained first (reward_model.source) preempted
+        return _fault(err)
     for line in checked.advice:
         log.info("token budgets: %s", line)
     log.info(versions())

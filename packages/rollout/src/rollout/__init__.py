@@ -3,10 +3,11 @@
 - :class:`SamplingConfig`; :class:`RolloutEngine` (Protocol); :class:`RolloutBatch`, :class:`Sample`
 - :class:`HFEngine` (+ :class:`HFEngineConfig`): transformers ``generate``
 - :class:`VLLMEngine` (+ :class:`VLLMConfig`): vLLM, imported only when constructed
-- :class:`WeightPublisher` (Protocol): :class:`WeightSync`, :func:`logprob_mismatch`;
+- :class:`WeightPublisher` (Protocol) and its :class:`WeightSync`; :func:`logprob_mismatch`;
   :func:`left_pad` (prompts as ``[B, P]`` tensors)
-- LoRA: :class:`AdapterSync` (only the adapters sent, merged into the engine's base weights),
-  :class:`BaseWeights`, :func:`merged_weights`, :func:`adapter_module`
+- LoRA: :class:`AdapterSync` (a :class:`WeightPublisher`: only the adapters sent, merged
+  into the engine's base weights), :class:`BaseWeights`, :func:`merged_weights`,
+  :func:`adapter_module`
 """
 
 from importlib import import_module

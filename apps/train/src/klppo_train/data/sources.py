@@ -3,7 +3,7 @@ a data set (``data.source``), and the embedded default (empty ``model.path``: a 
 tiny model, its tokenizer and its task).
 
 Core code reads this registry and never imports the demos; :mod:`klppo_train.demo` fills it
-(:func:`klppo_train.demo.register_sources`, which the command line calls), so the demo room
+(:func:`klppo_train.demo.sources.register_sources`, which the command line calls), so the demo room
 stays a leaf. What is prepared is written only under ``<trainer.run_dir>/`` for data (a
 mistyped path elsewhere stays an error, not generated data) or at ``model.path`` for a
 model, atomically, and under a file lock, so concurrent ranks prepare once.
@@ -66,7 +66,7 @@ def embedded() -> Embedded:
     if not _embedded:
         raise ValueError(
             "model.path is empty and no embedded default model is registered "
-            "(klppo_train.demo.register_sources())"
+            "(klppo_train.demo.sources.register_sources())"
         )
     return _embedded[0]
 

@@ -4,7 +4,7 @@ the config into :class:`RolloutCorrection`; the math is ``ppo_core``'s.
 Decoupled (``bypass_mode=false``): after the forward passes, π_old (the old-log-prob pass,
 which then always runs) against the engine's π_rollout gives the importance weights
 (``Trajectories.is_weights``, applied per token in the policy loss) and the rejection mask,
-which is the updates' response mask: rejected tokens leave the actor's and the critic's
+which is the updates' loss mask: rejected tokens leave the actor's and the critic's
 losses and their token counts. Rewards and advantages are computed over whole responses
 (a rejected last token keeps its reward; verl's GRPO does the same, its GAE skips rejected
 tokens in the recursion). Bypass (``bypass_mode=true``): π_old = π_rollout

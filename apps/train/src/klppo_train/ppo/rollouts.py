@@ -49,6 +49,16 @@ class RolloutSource(Protocol):
 
     def publish(self, version: int) -> dict[str, float]: ...
 
+    def resume(self, version: int) -> None:
+        """A resumed run's restored weights become the generating side's, as ``version``."""
+        ...
+
+    def generate(self, items: Sequence[PromptItem], step: int, span: range):
+        """``(items, trajectories, metrics)``: samples of the current weights for this
+        rank's ``items`` (the step's prompts ``span``), outside a step (the reward
+        model's calibration)."""
+        ...
+
 
 @dataclass
 class ColocatedRollouts:
@@ -98,6 +108,9 @@ class ColocatedRollouts:
         self.engine.sleep()  # free the engine's GPU memory for the passes
         metrics["timing_s/sleep"] = time.perf_counter() - start
         return Collected(mine, t, metrics)
+
+    def resume(self, version: int) -> None:
+        self.publisher.sync(version=version)
 
     def publish(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

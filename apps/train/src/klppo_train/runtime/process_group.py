@@ -184,6 +184,9 @@ def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
 # hold equal numbers of samples), values every rank shares (the updates' metrics: the
 # trainees reduce them over the ranks), per-device throughput.
 TOKENS = "perf/response_tokens"
+# Each rank's loss tokens, the weight of the token means (they are means over the loss mask);
+# a weight only, never logged.
+LOSS_TOKENS = "_loss_tokens"
 # klppo_train.runtime.engine.RolloutStats's counters (vLLM's, per step)
 ROLLOUT_COUNTS = (
     "prompt_tokens",
@@ -227,16 +230,16 @@ def _combine(name: str, values: list[float], tokens: list[float]) -> float:
 
 def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """A step's metrics over all ranks, as one process on the whole batch would log them:
-    maxima by max, counts summed, token means weighted by each rank's ``perf/response_tokens``
+    maxima by max, counts summed, token means weighted by each rank's loss tokens
     (so ``metrics.jsonl`` does not change with the world size). The updates' metrics arrive
     global already (:func:`klppo_train.workers.trainee.mean_over_steps`)."""
     gathered = _gathered(metrics)
     if len(gathered) == 1:
-        return dict(metrics)
-    tokens = [m.get(TOKENS, 1.0) for m in gathered]
+        return {k: v for k, v in metrics.items() if k != LOSS_TOKENS}
+    tokens = [m.get(LOSS_TOKENS, m.get(TOKENS, 1.0)) for m in gathered]
     return {
         key: _combine(key, [m[key] for m in gathered if key in m], tokens)
-        for key in sorted({k for m in gathered for k in m})
+        for key in sorted({k for m in gathered for k in m} - {LOSS_TOKENS})
     }
 
 

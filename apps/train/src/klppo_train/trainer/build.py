@@ -2,9 +2,8 @@
 
 Every model is sharded with ``fsdp_sharding`` (world size 1 included: the same code path
 as under torchrun), optimizers are built over the sharded parameters, and each rank gets its
-own rollout engine fed by a ``WeightSync`` over the streamed full state dict. The embedded
-default (``model.path`` empty) generates its arithmetic data and warms up its tiny model
-once, on rank 0, caching both in the run directory.
+own rollout engine fed by a ``WeightSync`` over the streamed full state dict. (The embedded
+default's model is prepared with the run directory: :mod:`klppo_train.loop.run_dir`.)
 """
 
 from __future__ import annotations

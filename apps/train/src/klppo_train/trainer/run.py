@@ -107,6 +107,14 @@ class PPOTask:
         c = build_components(
             cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
         )
+        try:
+            return cls._around(c, cfg, checked)
+        except BaseException:
+            c.engine.close()  # the loop closes only a task that exists
+            raise
+
+    @classmethod
+    def _around(cls, c: Components, cfg: AppConfig, checked: Checked) -> PPOTask:
         d = cfg.data
         loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
         steps = total_steps(cfg.trainer, len(loader))
@@ -142,7 +150,7 @@ class PPOTask:
         normalization measured."""
         _token_budgets(self.c, self.builder, run_dir)
         if first:
-            self.c.weight_sync.sync(version=first)
+            self.c.rollouts.resume(first)
         elif self.c.reward_model is not None and self.c.reward_model.normalize == "reference":
             _calibrate(self.c, self.train_items, run_dir)
 

@@ -1,9 +1,9 @@
 """A trained model (actor or critic) and its update: one code path for both.
 
-:meth:`Trainee.update` runs ``epochs`` over shuffled mini-batches of whole prompts; each
+:meth:`Trainee.train` runs ``epochs`` over shuffled mini-batches of whole prompts; each
 mini-batch is one optimizer step over micro-batches cut within the update pass's token
 budget (or of verl's static size), every micro-batch's loss its exact share of the
-mini-batch's global token-mean (:class:`klppo_train.ppo.losses.GlobalCounts`). All ranks run the
+mini-batch's global token-mean (:class:`klppo_train.workers.losses.GlobalCounts`). All ranks run the
 same number of micro-batches (FSDP's collectives pair up).
 """
 

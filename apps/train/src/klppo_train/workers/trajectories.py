@@ -28,7 +28,8 @@ class Trajectories:
     input_ids, attention_mask: ``[N, P + T]``.
     response_mask: ``[N, T]`` 1 on the response's tokens (attended to and computed).
     loss_mask: ``[N, T]`` 1 on the tokens trained on (default: ``response_mask``); a
-        sequence's reward sits on its last one.
+        sequence's reward sits on its last one. ``replace(t, response_mask=...)`` keeps the
+        old loss mask: set both where both change.
     engine_logprobs: ``[N, T]`` the engine's log-probs of the sampled tokens (0 at padding).
     prompt_index: ``[N]`` which prompt each sample answers (the GRPO/RLOO group), as an
         index into this rank's prompts.
