@@ -108,21 +108,17 @@ class PPOTask:
             cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
         )
         try:
-            return cls._around(c, cfg, checked)
+            d = cfg.data
+            loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
+            steps = total_steps(cfg.trainer, len(loader))
+            builder = StepBuilder(cfg)
+            return cls(
+                c, builder, loader, builder.schedulers(c, steps), steps, checked.train.items,
+                checked.val.items, d.val_batch_size, cfg.trainer.log_val_generations,
+            )  # fmt: skip
         except BaseException:
             c.engine.close()  # the loop closes only a task that exists
             raise
-
-    @classmethod
-    def _around(cls, c: Components, cfg: AppConfig, checked: Checked) -> PPOTask:
-        d = cfg.data
-        loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
-        steps = total_steps(cfg.trainer, len(loader))
-        builder = StepBuilder(cfg)
-        return cls(
-            c, builder, loader, builder.schedulers(c, steps), steps, checked.train.items,
-            checked.val.items, d.val_batch_size, cfg.trainer.log_val_generations,
-        )  # fmt: skip
 
     def trainees(self) -> list:
         return self.c.trainees()
