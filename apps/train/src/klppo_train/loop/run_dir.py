@@ -1,7 +1,10 @@
-"""A run's directory and length, the same for every task."""
+"""A run's directory and length, and a task run under the loop with the config's settings:
+the same for every task."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch.distributed as dist
@@ -9,7 +12,21 @@ import torch.distributed as dist
 from klppo_train.config.schema import AppConfig, TrainerConfig, to_yaml
 from klppo_train.data import sources
 from klppo_train.data.datasets import read_rows
+from klppo_train.loop import run_loop
+from klppo_train.loop.run_loop import LoopSettings, Task
 from klppo_train.runtime.process_group import is_main
+from klppo_train.tracking.metrics_log import Tracking
+
+
+def run_task(cfg: AppConfig, build: Callable[[Path], Task]) -> dict:
+    """The task ``build(model_dir)`` makes, under :func:`klppo_train.loop.run_loop.run` with
+    the config's ``trainer.*`` settings and trackers; the summary."""
+    return run_loop.run(
+        LoopSettings.of(cfg.trainer),
+        lambda: prepare_run_dir(cfg),
+        build,
+        Tracking.of(cfg.trainer, asdict(cfg)),
+    )
 
 
 def total_steps(trainer: TrainerConfig, batches_per_epoch: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,11 @@ class Tracking:
     config: dict[str, Any]
 
     @classmethod
-    def from_config(cls, cfg: Any) -> Tracking:
-        t = cfg.trainer
+    def of(cls, trainer: Any, config: dict[str, Any]) -> Tracking:
+        """From the ``trainer`` section and the whole config as a dict (what trackers store)."""
+        t = trainer
         name = t.experiment_name or Path(t.run_dir).expanduser().resolve().name
-        return cls(tuple(t.logger), t.project_name, name, t.log_val_generations, asdict(cfg))
+        return cls(tuple(t.logger), t.project_name, name, t.log_val_generations, config)
 
 
 def read_jsonl(path: Path, up_to_step: int | None = None) -> list[dict]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ def evaluate(cfg: AppConfig, checked: Checked) -> dict:
         e, step, rm_state = _build(cfg, checked, model_dir)
         if e.reward_model is not None:
             _set_normalization(e.reward_model, rm_state, run_dir)
-        tracking = Tracking.from_config(cfg)
+        tracking = Tracking.of(cfg.trainer, asdict(cfg))
         metrics, rows = validate(
             e, checked.val.items, cfg.data.val_batch_size, tracking.generations
         )

@@ -30,11 +30,9 @@ from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.roles import static_micro_batch_size
 from klppo_train.config.schema import AppConfig, load_config
 from klppo_train.data.datasets import PromptLoader
-from klppo_train.loop import run_loop
 from klppo_train.loop.checkpoints import BudgetsInForce, RNGStates, Stateful
 from klppo_train.loop.report import PLOTTED_RM, SHOWN_RM
-from klppo_train.loop.run_dir import prepare_run_dir, total_steps
-from klppo_train.loop.run_loop import LoopSettings
+from klppo_train.loop.run_dir import run_task, total_steps
 from klppo_train.reward_model.export import (
     export_reward_model,
     init_score_head,
@@ -54,7 +52,6 @@ from klppo_train.runtime.process_group import (
     rank_slice,
     world_size,
 )
-from klppo_train.tracking.metrics_log import Tracking
 from klppo_train.trainer.assemble import adamw
 from klppo_train.trainer.build import _load, _sharded, _values_not_a_view
 from klppo_train.trainer.probe import QUADRATIC_ATTENTION, ProbeShape, choose_budgets
@@ -133,12 +130,7 @@ def train_reward_model(cfg: AppConfig, checked: CheckedPairs | None = None) -> d
     """Train under the one loop (resuming if asked), export ``run_dir/reward_model_hf``;
     the summary."""
     checked = checked or preflight_pairs(cfg, launch_world_size())
-    return run_loop.run(
-        LoopSettings.of(cfg.trainer),
-        lambda: prepare_run_dir(cfg),
-        lambda model_dir: RewardModelTask.build(cfg, checked, model_dir),
-        Tracking.from_config(cfg),
-    )
+    return run_task(cfg, lambda model_dir: RewardModelTask.build(cfg, checked, model_dir))
 
 
 @dataclass

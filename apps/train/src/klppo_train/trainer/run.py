@@ -21,16 +21,14 @@ from klppo_train.budgets.run_budgets import BUDGETS_FILE
 from klppo_train.checks.preflight import Checked, preflight
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import PromptLoader
-from klppo_train.loop import run_loop
 from klppo_train.loop.checkpoints import BudgetsInForce, RNGStates, Stateful
 from klppo_train.loop.report import PLOTTED
-from klppo_train.loop.run_dir import prepare_run_dir, total_steps
-from klppo_train.loop.run_loop import LoopSettings
+from klppo_train.loop.run_dir import run_task, total_steps
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.step import calibrate_reward_model, ppo_step
 from klppo_train.runtime.launch import launch_world_size
 from klppo_train.runtime.process_group import is_main
-from klppo_train.tracking.metrics_log import SHOWN, Tracking
+from klppo_train.tracking.metrics_log import SHOWN
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components
 from klppo_train.trainer.probe import choose_budgets
@@ -44,12 +42,7 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
     summary. ``checked``: what :func:`klppo_train.checks.preflight.preflight` returned (run
     here when not given). Engine and process group are closed however the run ends."""
     checked = checked or preflight(cfg, launch_world_size())
-    return run_loop.run(
-        LoopSettings.of(cfg.trainer),
-        lambda: prepare_run_dir(cfg),
-        lambda model_dir: PPOTask.build(cfg, checked, model_dir),
-        Tracking.from_config(cfg),
-    )
+    return run_task(cfg, lambda model_dir: PPOTask.build(cfg, checked, model_dir))
 
 
 def _token_budgets(c: Components, builder: StepBuilder, run_dir: Path) -> None:
