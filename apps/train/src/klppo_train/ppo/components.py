@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
@@ -19,29 +19,12 @@ from klppo_train.config.roles import ROLES
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
 from klppo_train.ppo.rollout_correction import RolloutCorrection
+from klppo_train.ppo.rollouts import RolloutSource, StepPlan
 from klppo_train.reward_model.serve import RewardModelReward
-from klppo_train.runtime.engine import Sampling
-from klppo_train.runtime.sequence_parallel import SequenceParallel
 from klppo_train.workers.passes import ForwardPass
 from klppo_train.workers.trainee import Trainee
 from ppo_core import AdaptiveKLController, FixedKLController
 from rollout import RolloutEngine, WeightPublisher
-
-if TYPE_CHECKING:
-    from klppo_train.ppo.rollouts import RolloutSource
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What a step does besides its passes: how it samples (``rollout.sampling`` and the
-    seeds), the responses' fixed width ``response_length`` (T), whether the ranks
-    re-split their rollouts by tokens (``trainer.balance_batch``), and the sequence-parallel
-    group whose ranks train on the same rollouts (``sp``)."""
-
-    sampling: Sampling
-    response_length: int
-    balance_batch: bool = True
-    sp: SequenceParallel = SequenceParallel()
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Where a step's trajectories come from: a :class:`RolloutSource`, and the one in use today,
-:class:`ColocatedRollouts` (the engine on this rank, sleeping while the trainer trains).
+:class:`ColocatedRollouts` (the engine on this rank, sleeping while the trainer trains); how
+they are sampled and laid out (:class:`StepPlan`).
 
 A step is ``source.collect(prompts, step)`` → :func:`klppo_train.ppo.step.train_on` (which
 never touches an engine) → ``source.publish(step)``. Each sample keeps the policy version of
@@ -18,12 +19,24 @@ from typing import Protocol
 from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptItem
 from klppo_train.ppo.balance import balance_rollouts
-from klppo_train.ppo.components import StepPlan
-from klppo_train.runtime.engine import RolloutStats
+from klppo_train.runtime.engine import RolloutStats, Sampling
 from klppo_train.runtime.process_group import rank_span
-from klppo_train.runtime.sequence_parallel import shared
+from klppo_train.runtime.sequence_parallel import SequenceParallel, shared
 from klppo_train.workers.trajectories import Trajectories, trajectories
 from rollout import RolloutEngine, WeightPublisher
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a step does besides its passes: how it samples (``rollout.sampling`` and the
+    seeds), the responses' fixed width ``response_length`` (T), whether the ranks
+    re-split their rollouts by tokens (``trainer.balance_batch``), and the sequence-parallel
+    group whose ranks train on the same rollouts (``sp``)."""
+
+    sampling: Sampling
+    response_length: int
+    balance_batch: bool = True
+    sp: SequenceParallel = SequenceParallel()
 
 
 @dataclass(frozen=True)

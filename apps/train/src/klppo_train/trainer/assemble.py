@@ -24,10 +24,10 @@ from klppo_train.config.roles import PASS_ROLES, run_roles, static_micro_batch_s
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
-from klppo_train.ppo.components import Components, StepPlan
+from klppo_train.ppo.components import Components
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.rollout_correction import RolloutCorrection
-from klppo_train.ppo.rollouts import ColocatedRollouts
+from klppo_train.ppo.rollouts import ColocatedRollouts, StepPlan
 from klppo_train.reward_model.hf_dir import stored_normalization
 from klppo_train.reward_model.serve import (
     Retemplate,

@@ -30,7 +30,7 @@ from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
 from klppo_train.loop.run_dir import prepare_run_dir
 from klppo_train.loop.run_loop import finish
-from klppo_train.ppo.components import StepPlan
+from klppo_train.ppo.rollouts import StepPlan
 from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.runtime.engine import build_engine
 from klppo_train.runtime.lora import lora_of

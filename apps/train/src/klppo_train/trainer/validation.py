@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from fsdp_sharding import default_device
-from klppo_train.ppo.components import StepPlan
+from klppo_train.ppo.rollouts import StepPlan
 from klppo_train.runtime.process_group import concat_over_ranks, dp_size, rank_slice
 from klppo_train.workers.trajectories import trajectories
 from rollout import RolloutBatch
