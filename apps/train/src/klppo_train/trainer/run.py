@@ -31,7 +31,7 @@ from klppo_train.runtime.process_group import is_main
 from klppo_train.tracking.metrics_log import SHOWN
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components
-from klppo_train.trainer.probe import choose_budgets
+from klppo_train.trainer.probe import ProbeShape, choose_budgets
 from klppo_train.trainer.validation import validate
 
 log = logging.getLogger("klppo_train")
@@ -45,12 +45,12 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
     return run_task(cfg, lambda model_dir: PPOTask.build(cfg, checked, model_dir))
 
 
-def _token_budgets(c: Components, builder: StepBuilder, run_dir: Path) -> None:
-    """A checkpoint's budgets, else the config's with ``auto`` ones probed; in
-    ``run_dir/budgets.json`` (rank 0)."""
+def _token_budgets(c: Components, configured: dict, shape: ProbeShape, run_dir: Path) -> None:
+    """A checkpoint's budgets, else the ``configured`` ones with ``auto`` ones probed (in
+    ``shape``); in ``run_dir/budgets.json`` (rank 0)."""
     path = run_dir / BUDGETS_FILE if is_main() else None
     if c.budgets is None:
-        c.budgets = choose_budgets(c, builder.configured_budgets(), builder.probe_shape(), path)
+        c.budgets = choose_budgets(c, configured, shape, path)
     else:
         c.budgets.path = path
         c.budgets.write()
@@ -81,7 +81,8 @@ class PPOTask:
     greedy answers; the export is the actor's. Built from the config once (:meth:`build`)."""
 
     c: Components
-    builder: StepBuilder
+    configured_budgets: dict[str, int | str]  # each role's, as the config gives it
+    shape: ProbeShape  # what the probe of ``auto`` budgets measures
     loader: PromptLoader
     schedulers: list
     total_steps: int
@@ -106,8 +107,9 @@ class PPOTask:
             steps = total_steps(cfg.trainer, len(loader))
             builder = StepBuilder(cfg)
             return cls(
-                c, builder, loader, builder.schedulers(c, steps), steps, checked.train.items,
-                checked.val.items, d.val_batch_size, cfg.trainer.log_val_generations,
+                c, builder.configured_budgets(), builder.probe_shape(), loader,
+                builder.schedulers(c, steps), steps, checked.train.items, checked.val.items,
+                d.val_batch_size, cfg.trainer.log_val_generations,
             )  # fmt: skip
         except BaseException:
             c.engine.close()  # the loop closes only a task that exists
@@ -137,7 +139,7 @@ class PPOTask:
     def start(self, first: int, run_dir: Path) -> None:
         """Token budgets; a resumed run's weights into the engine, a fresh one's reward
         normalization measured."""
-        _token_budgets(self.c, self.builder, run_dir)
+        _token_budgets(self.c, self.configured_budgets, self.shape, run_dir)
         if first:
             self.c.rollouts.resume(first)
         elif self.c.reward_model is not None and self.c.reward_model.normalize == "reference":
