@@ -97,7 +97,7 @@ def main() -> int:
         allowance, memory = memory_allowance(shape.memory_limit_gib, c)
         roles = {}
         for role in ROLES:
-            if chosen.probe["roles"][role] is None:
+            if chosen.probe["roles"].get(role) is None:  # not in this recipe (a reward model)
                 continue
             rows = sweep(c, shape, role, args.repeats, chosen.tokens[role])
             roles[role] = _verdict(rows, chosen.tokens[role], allowance)

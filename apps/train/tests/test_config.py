@@ -470,3 +470,32 @@ def test_rlhf_recipes_critic_follows_its_reward_model() -> None:
         assert cfg.reward_model.path == cfg.critic.model_path == "/elsewhere/rm", key
     both = ["reward_model.model.path=/elsewhere/rm", "critic.model.path=/own/critic"]
     assert load_config(recipe, both).critic.model_path == "/own/critic"  # set: the user's
+
+
+def test_schema_merges_even_where_omegaconf_marks_frozen_sections_read_only() -> None:
+    """omegaconf 2.3 (hydra-core 1.3's pin) flags a frozen dataclass's node read-only, which
+    made every recipe fail to merge on it (seen on the GPU machine, which has 2.3: "ListConfig
+    is read-only full_key: data.train_files[0]"); 2.4, which the lock holds, does not flag
+    them. Flag every node as 2.3 does: ``_writable`` must clear each flag, lists included."""
+    from omegaconf import Container, DictConfig, OmegaConf
+
+    from klppo_train.config.schema import _writable
+
+    def nodes(node):  # every node under ``node``, itself included
+        yield node
+        if isinstance(node, DictConfig) and not node._is_none():
+            for key in node:
+                yield from nodes(node._get_node(key))
+        elif isinstance(node, Container) and not node._is_none():
+            for index in range(len(node)):
+                yield from nodes(node._get_node(index))
+
+    base = OmegaConf.structured(AppConfig)
+    for node in nodes(base):
+        node._set_flag("readonly", True)
+    flagged = [n for n in nodes(base) if n._get_node_flag("readonly")]
+    assert len(flagged) > 200 and "('all-linear',)" in map(repr, flagged)  # a list's too
+    assert not [n for n in nodes(_writable(base)) if n._get_node_flag("readonly")]
+    layer = {"data": {"train_files": ["/x.parquet"], "source": "s"}, "actor": {"ppo_epochs": 2}}
+    built = OmegaConf.to_object(OmegaConf.merge(base, layer))
+    assert built.data.train_files == ("/x.parquet",) and built.actor.ppo_epochs == 2

@@ -20,7 +20,7 @@ from types import UnionType
 from typing import Any, get_args, get_type_hints
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import Container, DictConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from fsdp_sharding import ShardingConfig
@@ -591,7 +591,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     if errors:
         raise ValueError("; ".join(errors))
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(AppConfig), *layers)
+        merged = OmegaConf.merge(_writable(OmegaConf.structured(AppConfig)), *layers)
     except ValidationError as err:
         raise ValueError(f"bad value for config key '{err.full_key}': {err.msg}") from None
     try:
@@ -599,6 +599,20 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
     except ValueError:
         raise ValueError(_failing_section(merged, "")) from None
     return _resolve_share_prompts(_follow_actor_dynamic_bsz(built))
+
+
+def _writable(node: Node) -> Node:
+    """``node`` with every read-only flag cleared. omegaconf 2.3 (what hydra-core 1.3 pins)
+    marks the nodes of frozen dataclasses read-only, so a recipe could not be merged into the
+    schema; 2.4 does not. The objects built from the merge are frozen dataclasses either way."""
+    node._set_flag("readonly", None)
+    if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+        for key in node:
+            _writable(node._get_node(key))
+    elif isinstance(node, Container) and not node._is_none() and not node._is_missing():
+        for index in range(len(node)):  # a list (2.4: also a tuple, which is no ListConfig)
+            _writable(node._get_node(index))
+    return node
 
 
 def _failing_section(node: DictConfig, path: str) -> str | None:
