@@ -18,7 +18,7 @@ from typing import Any
 from klppo_train.budgets.faults import FAULTS
 from klppo_train.checks.validate import sequence_parallel_size, validate_config
 from klppo_train.config.errors import UserError, user_errors
-from klppo_train.config.schema import AppConfig
+from klppo_train.config.schema import AppConfig, TrainerConfig
 from klppo_train.data import sources
 from klppo_train.data.datasets import PromptDataset, read_rows
 from klppo_train.data.pairs import PairDataset, read_pairs
@@ -134,7 +134,31 @@ def preflight_pairs(cfg: AppConfig, world_size: int = 1, advice: list[str] | Non
     preference pairs row by row (:mod:`klppo_train.data.pairs`)."""
     if not cfg.model.path:
         raise UserError("model.path is empty: trainer.task=reward_model starts from a HF model")
-    return CheckedPairs(*_checked_data(cfg, world_size, advice, (read_pairs, _pairs), "pairs"))
+    checked = CheckedPairs(*_checked_data(cfg, world_size, advice, (read_pairs, _pairs), "pairs"))
+    _check_best_metric(cfg.trainer, PAIR_METRICS if len(checked.val) else [])
+    return checked
+
+
+# What a reward-model run's validation reports (reward_model/training.pairwise_accuracy).
+PAIR_METRICS = ["val/rm/accuracy", "val/rm/margin", "val/rm/score_mean", "val/rm/score_std"]
+
+
+def validation_metrics(val: PromptDataset, rewards: RewardManager, reward_model: bool) -> list:
+    """The metrics a PPO run's validation reports (trainer/validation.py), in order: each
+    data source's accuracy where it has a rule, by first appearance, then the reward model's
+    score. The first is what ``trainer.best_metric=auto`` tracks."""
+    sources = dict.fromkeys(item.data_source for item in val.items)
+    found = [f"val/{source}/acc" for source in sources if rewards.has_rule(source)]
+    return found + (["val/reward_model/score"] if reward_model and len(val) else [])
+
+
+def _check_best_metric(trainer: TrainerConfig, metrics: list[str]) -> None:
+    metric = trainer.best_metric
+    if metric != "auto" and trainer.export_best and metric not in metrics:
+        raise UserError(
+            f"trainer.best_metric={metric!r}: this run's validation reports "
+            f"{', '.join(metrics) if metrics else 'nothing (no data.val_files)'}"
+        )
 
 
 def _checked_data(cfg: AppConfig, world_size: int, advice, data, unit: str) -> tuple:
@@ -280,6 +304,7 @@ def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = No
     advice, tokenizer, train, val = _checked_data(cfg, world_size, advice, data, "prompts")
     rewards = _rewards(cfg, {"train_files": train, "val_files": val})
     rm_tokenizer = _reward_model_checks(cfg, tokenizer)
+    _check_best_metric(cfg.trainer, validation_metrics(val, rewards, cfg.reward_model.enable))
     _check_heads(cfg)
     _check_lora_targets(cfg)
     return Checked(advice, tokenizer, train, val, rewards, rm_tokenizer)

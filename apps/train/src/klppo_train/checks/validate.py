@@ -436,6 +436,18 @@ def _check_compiler(model: ModelConfig) -> None:
         ) from err
 
 
+def _check_best(trainer: TrainerConfig) -> None:
+    """The metric's name here; whether this run's validation has it: preflight (the data)."""
+    metric = trainer.best_metric
+    if metric != "auto" and not metric.startswith("val/"):
+        raise ValueError(
+            f"trainer.best_metric={metric!r}: 'auto' or a validation metric (val/<source>/acc, "
+            "val/reward_model/score, val/rm/accuracy, ...)"
+        )
+    if metric != "auto" and trainer.export_best and not trainer.test_freq:
+        raise ValueError(f"trainer.best_metric={metric!r} needs validation: trainer.test_freq is 0")
+
+
 def _check_resume(trainer: TrainerConfig) -> None:
     mode = trainer.resume_mode
     first = "actor" if trainer.task == "ppo" else "reward_model"
@@ -519,6 +531,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_ranges(config)
     _check_budget_values(config)
     _check_resume(config.trainer)
+    _check_best(config.trainer)
     _check_fsdp_sizes(config, world_size)
     _check_launch(config.trainer, world_size)
     _check_compiler(config.model)

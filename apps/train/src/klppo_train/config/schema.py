@@ -411,7 +411,19 @@ class TrainerConfig:
     resume_mode: str = "auto"
     """auto (the newest checkpoint of run_dir, if any) | disable | a checkpoint directory."""
     max_ckpt_to_keep: int = 2
-    """Checkpoints kept (older ones deleted); 0 = all."""
+    """Checkpoints kept (older ones deleted); 0 = all. The best validation step's checkpoint
+    (best_metric), if one was saved at that step, is kept besides them."""
+    best_metric: str = "auto"
+    """The validation metric whose best step's model is exported as ``actor_hf_best``
+    (``reward_model_hf_best``) beside the final one, with its step and value in summary.json
+    (HF Trainer's metric_for_best_model): a val/... name, or auto = the first data source's
+    accuracy where it has a rule, else the reward model's score (reward-model training:
+    val/rm/accuracy). Needs test_freq > 0."""
+    best_greater_is_better: bool | None = None
+    """Whether a higher best_metric is better; null = yes unless its name contains 'loss'
+    (HF's rule)."""
+    export_best: bool = True
+    """Export the best validation step's model (best_metric); false: only the final one."""
     stop_at_step: int = 0
     """Stop after this step (checkpointing it), keeping the schedule of total_training_steps:
     for jobs longer than one allocation; the next launch resumes. 0 = run to the end."""

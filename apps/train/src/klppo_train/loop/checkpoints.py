@@ -92,11 +92,16 @@ class BudgetsInForce:
 
 
 def save_checkpoint_dir(
-    run_dir: Path, trainees: list, states: dict[str, Stateful], step: int, keep: int
+    run_dir: Path,
+    trainees: list,
+    states: dict[str, Stateful],
+    step: int,
+    keep: int,
+    protect: int | None = None,
 ) -> Path:
     """``global_step_<step>``: each trainee's folder, the first one's with the step and
     ``states``; written under a temporary name, renamed when whole; the newest ``keep``
-    kept."""
+    kept, and step ``protect``'s (the best validation's) whatever its age."""
     final = checkpoints_root(run_dir) / f"global_step_{step}"
     tmp = final.with_name(final.name + ".partial")
     if is_main():
@@ -117,8 +122,9 @@ def save_checkpoint_dir(
         if problem is not None:  # intact checkpoint
             raise RuntimeError(f"the checkpoint just written does not verify: {problem}")
         if keep > 0:  # 0 keeps them all
-            for _, old in complete_checkpoints(run_dir)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            for old_step, old in complete_checkpoints(run_dir)[:-keep]:
+                if old_step != protect:
+                    shutil.rmtree(old, ignore_errors=True)
     barrier()
     log.info("checkpoint: %s", final)
     return final
@@ -179,12 +185,16 @@ def newest_intact(run_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint_dir(path: Path, trainees: list, states: dict[str, Stateful]) -> int:
-    """Restore what :func:`save_checkpoint_dir` wrote; return the step it was at."""
+def load_checkpoint_dir(
+    path: Path, trainees: list, states: dict[str, Stateful], optional: tuple[str, ...] = ()
+) -> int:
+    """Restore what :func:`save_checkpoint_dir` wrote; return the step it was at. The
+    ``optional`` states may be missing (older checkpoints): they keep their fresh state."""
     state: dict[str, Any] = trainees[0].load(path / trainees[0].name)  # the trainer state
     for trainee in trainees[1:]:
         trainee.load(path / trainee.name)
     for name, saved in states.items():
-        saved.load_state_dict(state[name])
+        if name in state or name not in optional:
+            saved.load_state_dict(state[name])
     log.info("resumed from %s (step %d)", path, state["step"])
     return int(state["step"])

@@ -155,6 +155,12 @@ def summary_text(summary: dict, generation: dict | None = None) -> str:
         )
     if "max_kl" in summary:
         lines.append(f"  max KL(policy ‖ ref) per step: {summary['max_kl']:.3f}")
+    best = summary.get("best")
+    if best and best["export"]:
+        lines.append(
+            f"  best {best['metric']}: {best['value']:.3f} at step {best['step']}: "
+            f"{Path(summary['run_dir']) / best['export']}"
+        )
     lines += [f"  {k}: {summary[k]}" for k in ("run_dir", "metrics", "plot")]
     if generation is not None:
         lines.append(f"  a validation sample (step {generation['step']}):")

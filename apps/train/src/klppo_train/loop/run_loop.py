@@ -12,6 +12,9 @@ Numbered, as every rank runs it (``torchrun`` or one process):
      exit 143: :mod:`klppo_train.loop.preemption`);
   5. the task's export after the last step, plot and summary (rank 0).
 
+At each validation that improves ``trainer.best_metric`` the task also exports its model as
+the best (:mod:`klppo_train.loop.best`).
+
 A lost rank (a collective that timed out) is named (:func:`timed_out`) however the task
 fails; the task is closed and the process group destroyed however the run ends. The loop
 reads no config: :class:`LoopSettings` holds the ``trainer.*`` keys it obeys.
@@ -31,6 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from klppo_train.loop.best import BestStep, greater_is_better
 from klppo_train.loop.checkpoints import (
     Stateful,
     load_checkpoint_dir,
@@ -54,12 +58,16 @@ class Task(Protocol):
     """What the loop drives. ``label``: the progress bar's; ``shown``: its fields (label →
     metric); ``panels``: the end-of-run plot's; ``total_steps``: the run's length (epochs ×
     batches resolved). The first of :meth:`trainees` holds the trainer state in a
-    checkpoint (and names the folder a ``resume_mode`` path must hold)."""
+    checkpoint (and names the folder a ``resume_mode`` path must hold). ``best_metric``:
+    the validation metric ``trainer.best_metric=auto`` tracks (None: none); ``best_export``:
+    the folder :meth:`export_best` writes under the run directory."""
 
     label: str
     shown: dict[str, str]
     panels: Sequence
     total_steps: int
+    best_metric: str | None
+    best_export: str
 
     def trainees(self) -> list: ...
 
@@ -72,6 +80,8 @@ class Task(Protocol):
     def validate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]: ...
 
     def export(self, run_dir: Path) -> None: ...
+
+    def export_best(self, run_dir: Path) -> None: ...
 
     def close(self) -> None: ...
 
@@ -88,6 +98,9 @@ class LoopSettings:
     val_before_train: bool
     collective_timeout_s: float
     seed: int
+    best_metric: str
+    best_greater_is_better: bool | None
+    export_best: bool
 
     @classmethod
     def of(cls, trainer: Any) -> LoopSettings:
@@ -96,8 +109,17 @@ class LoopSettings:
             resume_mode=t.resume_mode, test_freq=t.test_freq, save_freq=t.save_freq,
             stop_at_step=t.stop_at_step, max_ckpt_to_keep=t.max_ckpt_to_keep,
             val_before_train=t.val_before_train, collective_timeout_s=t.collective_timeout_s,
-            seed=t.seed,
+            seed=t.seed, best_metric=t.best_metric,
+            best_greater_is_better=t.best_greater_is_better, export_best=t.export_best,
         )  # fmt: skip
+
+    def best(self, task: Task) -> BestStep | None:
+        """The tracker of ``best_metric`` (``auto``: the task's); None without one, without
+        validation or with ``export_best`` off."""
+        metric = task.best_metric if self.best_metric == "auto" else self.best_metric
+        if not (self.export_best and self.test_freq and metric):
+            return None
+        return BestStep(metric, greater_is_better(metric, self.best_greater_is_better))
 
 
 def due(step: int, every: int, last: int) -> bool:
@@ -122,8 +144,11 @@ def run(
             run_dir, model_dir = prepare()
             torch.manual_seed(settings.seed)
             task = build(model_dir)
-            metrics_log = _steps(task, settings, run_dir, preemption, tracking)
-            return finish(run_dir, metrics_log, start, task.panels)
+            best = settings.best(task)
+            metrics_log = _steps(task, settings, run_dir, preemption, tracking, best)
+            kept = task.best_export if best is not None and best.step is not None else None
+            about = {"best": best.summary(kept)} if best is not None else {}
+            return finish(run_dir, metrics_log, start, task.panels, **about)
         except RuntimeError as err:  # a lost rank: say which, not gloo's/NCCL's internals
             lost = timed_out(err, settings.collective_timeout_s)
             if lost is None:
@@ -136,19 +161,32 @@ def run(
                 dist.destroy_process_group()
 
 
-def _resume(task: Task, settings: LoopSettings, run_dir: Path) -> int:
+def _states(task: Task, best: BestStep | None) -> dict[str, Stateful]:
+    return {**task.states(), **({"best": best} if best is not None else {})}
+
+
+def _resume(task: Task, settings: LoopSettings, run_dir: Path, best: BestStep | None) -> int:
     """The step the run continues after (0: a fresh start)."""
     first_trainee = task.trainees()[0].name
     resume_from = resolve_resume(run_dir, settings.resume_mode, first=first_trainee)
-    return load_checkpoint_dir(resume_from, task.trainees(), task.states()) if resume_from else 0
+    if resume_from is None:
+        return 0
+    # "best": a checkpoint of an older klppo has none; the tracker then starts afresh
+    return load_checkpoint_dir(resume_from, task.trainees(), _states(task, best), ("best",))
 
 
 def _steps(
-    task: Task, settings: LoopSettings, run_dir: Path, preemption: Preemption, tracking: Tracking
+    task: Task,
+    settings: LoopSettings,
+    run_dir: Path,
+    preemption: Preemption,
+    tracking: Tracking,
+    best: BestStep | None,
 ) -> MetricsLog:
     """Resume or validate the start, then the steps (until ``preemption`` agrees to stop:
-    :class:`Preempted` after a checkpoint); their record."""
-    first = _resume(task, settings, run_dir)
+    :class:`Preempted` after a checkpoint); their record. Each validation that improves
+    ``best`` exports the task's model as the best."""
+    first = _resume(task, settings, run_dir, best)
     task.start(first, run_dir)
     steps = task.total_steps
     metrics_log = MetricsLog(run_dir, first, steps, tracking, is_main(), task.label, task.shown)
@@ -156,6 +194,10 @@ def _steps(
     def validation(step: int) -> dict[str, float]:
         found, rows = task.validate(step)
         metrics_log.log_generations(step, rows)
+        if best is not None and best.improves(step, found):
+            task.export_best(run_dir)
+            name, value = best.metric, best.value
+            log.info("best %s: %.4f at step %d: %s", name, value, step, task.best_export)
         return found
 
     if not first and settings.val_before_train:
@@ -171,8 +213,9 @@ def _steps(
             metrics_log.log(step, global_metrics(metrics))
             stop = preemption.agreed()
             if stop or due(step, settings.save_freq, last):
-                trainees, states, keep = task.trainees(), task.states(), settings.max_ckpt_to_keep
-                save_checkpoint_dir(run_dir, trainees, states, step, keep)
+                trainees, keep = task.trainees(), settings.max_ckpt_to_keep
+                protect = best.step if best is not None else None
+                save_checkpoint_dir(run_dir, trainees, _states(task, best), step, keep, protect)
             if stop:
                 raise Preempted(step, preemption.signal_name)
     finally:

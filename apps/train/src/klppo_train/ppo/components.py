@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -63,7 +62,7 @@ class Components:
     reward_model: RewardModelReward | None = None
     update_flops_per_token: float = 0.0  # the actor update's: 6 per trained parameter, 4 per frozen
     budgets: RunBudgets | None = None
-    export_actor: Callable[[Path], Any] | None = None  # run_dir → the final HF export(s)
+    export_actor: Callable[..., Any] | None = None  # (run_dir, suffix="") → the HF export(s)
     rollout_correction: RolloutCorrection | None = None  # algorithm.rollout_correction
 
     def trainees(self) -> list[Trainee]:

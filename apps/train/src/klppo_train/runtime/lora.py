@@ -122,22 +122,24 @@ class WithoutAdapters(nn.Module):
             return self.peft_model(*args, **kwargs)
 
 
-def export_lora(model: nn.Module, lora: Lora, base_dir: Path, tokenizer, run_dir: Path) -> None:
-    """The final export of a LoRA actor (a collective: the adapters are gathered on every
-    rank): ``actor_hf``, the merged model (``W + (α/r)·B·A`` on the base weights as stored in
-    ``base_dir``, each tensor in their dtype), and ``actor_lora``, the adapter in peft's
-    format (``PeftModel.from_pretrained(base, actor_lora)``)."""
+def export_lora(
+    model: nn.Module, lora: Lora, base_dir: Path, tokenizer, run_dir: Path, suffix: str = ""
+) -> None:
+    """The export of a LoRA actor (a collective: the adapters are gathered on every rank):
+    ``actor_hf<suffix>``, the merged model (``W + (α/r)·B·A`` on the base weights as stored
+    in ``base_dir``, each tensor in their dtype), and ``actor_lora<suffix>``, the adapter in
+    peft's format (``PeftModel.from_pretrained(base, actor_lora)``)."""
     from fsdp_sharding import iter_full_state_dict, published_dir
     from rollout import BaseWeights, adapter_pairs, merged_weights
 
     main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     adapters = {n: t.cpu() for n, t in iter_full_state_dict(model, trainable_only=True)}
-    with published_dir(run_dir / "actor_hf") as tmp:
+    with published_dir(run_dir / f"actor_hf{suffix}") as tmp:
         if main:
             pairs = adapter_pairs(adapters.items())
             state = dict(merged_weights(pairs, BaseWeights(base_dir), lora.scaling))
             model.get_base_model().save_pretrained(str(tmp), state_dict=state)
             tokenizer.save_pretrained(str(tmp))
-    with published_dir(run_dir / ADAPTER_DIR) as tmp:
+    with published_dir(run_dir / f"{ADAPTER_DIR}{suffix}") as tmp:
         if main:
             model.save_pretrained(str(tmp), state_dict=adapters)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -200,7 +199,7 @@ class StepBuilder:
         reward_model: nn.Module | None = None,
         rm_tokenizer=None,
         update_flops_per_token: float = 0.0,
-        export_actor: Callable[[Path], Any] | None = None,
+        export_actor: Callable[..., Any] | None = None,
     ) -> Components:
         """The step's objects around the run's models (sharded or not): trainees with their
         optimizers and losses, the forward passes that run in this configuration, the

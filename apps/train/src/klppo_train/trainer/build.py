@@ -205,11 +205,13 @@ def build_components(
 
 
 def _actor_export(actor, tokenizer, model_dir: Path, lora: Lora | None):
-    """run_dir → ``actor_hf`` (streamed full weights), with LoRA the merged model and the
-    peft adapter (``actor_lora``)."""
+    """(run_dir, suffix="") → ``actor_hf<suffix>`` (streamed full weights), with LoRA the
+    merged model and the peft adapter (``actor_lora<suffix>``)."""
     if lora is None:
-        return lambda run_dir: export_hf(actor, tokenizer, run_dir / "actor_hf")
-    return lambda run_dir: export_lora(actor, lora, model_dir, tokenizer, run_dir)
+        return lambda run_dir, suffix="": export_hf(actor, tokenizer, run_dir / f"actor_hf{suffix}")
+    return lambda run_dir, suffix="": export_lora(
+        actor, lora, model_dir, tokenizer, run_dir, suffix
+    )
 
 
 def _weight_sync(actor, engine, model_dir: Path, compute: Precision, lora: Lora | None):

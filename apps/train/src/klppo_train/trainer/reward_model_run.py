@@ -25,7 +25,12 @@ from transformers import AutoModelForTokenClassification
 
 from fsdp_sharding import default_device
 from klppo_train.budgets.run_budgets import BUDGETS_FILE, RunBudgets, configured
-from klppo_train.checks.preflight import CheckedPairs, preflight_pairs, reward_model_missing
+from klppo_train.checks.preflight import (
+    PAIR_METRICS,
+    CheckedPairs,
+    preflight_pairs,
+    reward_model_missing,
+)
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.roles import static_micro_batch_size
 from klppo_train.config.schema import AppConfig, load_config
@@ -146,6 +151,7 @@ class RewardModelTask:
     total_steps: int
     configured_budget: int | str
     shape: ProbeShape
+    best_export: str = EXPORT_DIR + "_best"
     label: str = "reward model"
     shown: dict = field(default_factory=lambda: dict(SHOWN_RM))
     panels: tuple = PLOTTED_RM
@@ -207,12 +213,22 @@ class RewardModelTask:
         scores = self.run.scores if self.validated_at == self.total_steps else []
         _export(self.run, self.checked, run_dir, scores)
 
+    def export_best(self, run_dir: Path) -> None:
+        """``reward_model_hf_best``, normalized by the validation just run."""
+        _export(self.run, self.checked, run_dir, self.run.scores, self.best_export)
+
+    @property
+    def best_metric(self) -> str | None:
+        return PAIR_METRICS[0] if len(self.checked.val) else None
+
     def close(self) -> None:
         pass
 
 
-def _export(run: RewardModelRun, checked: CheckedPairs, run_dir: Path, scores: list) -> None:
-    """``reward_model_hf`` with the mean/std of the final model's ``scores`` on the
+def _export(
+    run: RewardModelRun, checked: CheckedPairs, run_dir: Path, scores: list, name: str = EXPORT_DIR
+) -> None:
+    """``name`` (``reward_model_hf``) with the mean/std of the final model's ``scores`` on the
     held-out pairs (measured here when the last step did not validate; the training
     pairs' when there are none)."""
     if not scores:
@@ -223,9 +239,7 @@ def _export(run: RewardModelRun, checked: CheckedPairs, run_dir: Path, scores: l
         )  # fmt: skip
     scores = torch.tensor(scores, dtype=torch.float64)
     std = float(scores.std()) if len(scores) > 1 else 1.0
-    export_reward_model(
-        run.trainee.model, run.tokenizer, run_dir / EXPORT_DIR, float(scores.mean()), std
-    )
+    export_reward_model(run.trainee.model, run.tokenizer, run_dir / name, float(scores.mean()), std)
 
 
 def ensure_reward_model(cfg: AppConfig) -> None:

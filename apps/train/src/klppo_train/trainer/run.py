@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klppo_train.budgets.run_budgets import BUDGETS_FILE
-from klppo_train.checks.preflight import Checked, preflight
+from klppo_train.checks.preflight import Checked, preflight, validation_metrics
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.loop.checkpoints import BudgetsInForce, RNGStates, Stateful
@@ -90,6 +90,8 @@ class PPOTask:
     val_items: list
     val_batch_size: int
     generations: int
+    best_metric: str | None  # trainer.best_metric=auto's choice (validation_metrics' first)
+    best_export: str = "actor_hf_best"
     label: str = "PPO"
     shown: dict = field(default_factory=lambda: dict(SHOWN))
     panels: tuple = PLOTTED
@@ -106,10 +108,11 @@ class PPOTask:
             loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
             steps = total_steps(cfg.trainer, len(loader))
             builder = StepBuilder(cfg)
+            found = validation_metrics(checked.val, checked.rewards, cfg.reward_model.enable)
             return cls(
                 c, builder.configured_budgets(), builder.probe_shape(), loader,
                 builder.schedulers(c, steps), steps, checked.train.items, checked.val.items,
-                d.val_batch_size, cfg.trainer.log_val_generations,
+                d.val_batch_size, cfg.trainer.log_val_generations, next(iter(found), None),
             )  # fmt: skip
         except BaseException:
             c.engine.close()  # the loop closes only a task that exists
@@ -157,6 +160,11 @@ class PPOTask:
     def export(self, run_dir: Path) -> None:
         if self.c.export_actor is not None:
             self.c.export_actor(run_dir)
+
+    def export_best(self, run_dir: Path) -> None:
+        """``actor_hf_best`` (with LoRA also ``actor_lora_best``)."""
+        if self.c.export_actor is not None:
+            self.c.export_actor(run_dir, "_best")
 
     def close(self) -> None:
         self.c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not
