@@ -139,7 +139,8 @@ def preflight_pairs(cfg: AppConfig, world_size: int = 1, advice: list[str] | Non
     return checked
 
 
-# What a reward-model run's validation reports (reward_model/training.pairwise_accuracy).
+# What a reward-model run's validation reports (reward_model/training.pairwise_accuracy; not
+# imported from there: that module brings torch, and these checks answer before it loads).
 PAIR_METRICS = ["val/rm/accuracy", "val/rm/margin", "val/rm/score_mean", "val/rm/score_std"]
 
 

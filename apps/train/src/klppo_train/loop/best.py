@@ -49,9 +49,10 @@ class BestStep:
             return True
         return False
 
-    def summary(self, export: str | None) -> dict[str, Any]:
-        """``summary.json``'s ``best`` entry."""
-        return {"metric": self.metric, "step": self.step, "value": self.value, "export": export}
+    def summary(self, export: str) -> dict[str, Any]:
+        """``summary.json``'s ``best`` entry (``export``: the best model's folder, once any)."""
+        kept = export if self.step is not None else None
+        return {"metric": self.metric, "step": self.step, "value": self.value, "export": kept}
 
     def state_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "step": self.step, "value": self.value}

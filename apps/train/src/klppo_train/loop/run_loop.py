@@ -146,8 +146,7 @@ def run(
             task = build(model_dir)
             best = settings.best(task)
             metrics_log = _steps(task, settings, run_dir, preemption, tracking, best)
-            kept = task.best_export if best is not None and best.step is not None else None
-            about = {"best": best.summary(kept)} if best is not None else {}
+            about = {"best": best.summary(task.best_export)} if best is not None else {}
             return finish(run_dir, metrics_log, start, task.panels, **about)
         except RuntimeError as err:  # a lost rank: say which, not gloo's/NCCL's internals
             lost = timed_out(err, settings.collective_timeout_s)
