@@ -25,6 +25,7 @@ from klppo_train.workers.trajectories import Trajectories
 
 P, T, VOCAB = 6, 4, 64
 ROWS = 8  # sequences of P + T = 10 tokens at most
+VANILLA = (("clip_ratio_low", 0.2), ("clip_ratio_high", 0.2), ("clip_ratio_c", 3.0))
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +84,8 @@ def test_update_backs_off_with_exactly_one_optimizer_step() -> None:
         advantages=torch.randn(ROWS, T, generator=gen),
     )  # fmt: skip
     loss = PolicyLoss(
-        clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean",
+        loss_mode="vanilla", hyperparameters=VANILLA, policy_agg_mode="token-mean",
+        loss_agg_mode="token-mean",
         entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl",
     )  # fmt: skip
 

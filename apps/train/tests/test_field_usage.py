@@ -26,6 +26,13 @@ CHECK_ONLY |= {f"{c}.ulysses_sequence_parallel_size" for c in ("RefConfig", "Cri
 # Read by the vLLM engine on CUDA only (on CPU there is no GPU memory share and no sleep
 # mode; the CPU engine says so once); scripts/gpu_check.sh runs the CUDA engine.
 CUDA_ONLY = {"VLLMConfig.gpu_memory_utilization", "VLLMConfig.sleep_level"}
+# Read only under the policy-loss mode that uses them (one mode per run); each is shown to
+# change the step under its mode in test_policy_loss_modes.py, and set under another mode it
+# is refused before any model loads (checks/losses.py).
+MODE_KEYS = {"ActorConfig.tau_pos", "ActorConfig.tau_neg"} | {
+    f"PolicyLossConfig.{k}"
+    for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+}
 REWARD = "def score(data_source, solution_str, ground_truth, extra_info):\n    return 0.5\n"
 
 
@@ -194,11 +201,12 @@ def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
             "fsdp",
             "kl_ctrl",
             "rollout_correction",
+            "policy_loss",
             "sampling",
             "vllm",
             "hf",
             "mixed_precision",
         )
     }
-    unread = every - reads - CHECK_ONLY - CUDA_ONLY - sections
+    unread = every - reads - CHECK_ONLY - CUDA_ONLY - MODE_KEYS - sections
     assert not unread, f"config fields no code reads: {sorted(unread)}"

@@ -80,7 +80,11 @@ def test_every_key_changes_a_mismatched_step() -> None:
         "bypass": [f"{KEY}bypass_mode=true"],
         "reinforce": [f"{KEY}bypass_mode=true", f"{KEY}loss_type=reinforce"],
     }
-    got = {name: step([*base, *extra], perturb=0.05) for name, extra in results.items()}
+    got = {
+        # REINFORCE has no dual clip: actor.clip_ratio_c would take no effect (refused)
+        name: step([*(ON_POLICY if name == "reinforce" else base), *extra], perturb=0.05)
+        for name, extra in results.items()
+    }
     for name in ("sequence", "threshold", "normalized"):
         assert got[name]["actor/pg_loss"] != pytest.approx(token["actor/pg_loss"], rel=1e-3)
     assert got["threshold"]["rollout_corr/rollout_is_ratio_fraction_high"] > 0

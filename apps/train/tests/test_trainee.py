@@ -19,9 +19,9 @@ from ppo_core import aggregate_loss, kl_penalty, policy_loss, value_loss
 
 P, T, VOCAB = 5, 4, 64
 POLICY = PolicyLoss(
-    clip_ratio_low=0.2,
-    clip_ratio_high=0.2,
-    clip_ratio_c=3.0,
+    loss_mode="vanilla",
+    hyperparameters=(("clip_ratio_low", 0.2), ("clip_ratio_high", 0.2), ("clip_ratio_c", 3.0)),
+    policy_agg_mode="token-mean",
     loss_agg_mode="token-mean",
     entropy_coeff=0.01,
     use_kl_loss=True,

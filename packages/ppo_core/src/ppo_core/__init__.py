@@ -9,8 +9,11 @@ Plain functions with explicit arguments, so they drop into any training loop:
   :class:`AdaptiveKLController`
 - advantages: :func:`compute_gae`, :func:`compute_grpo_advantages`,
   :func:`compute_rloo_advantages`, :func:`compute_reinforce_pp_advantages`
-- losses: :func:`aggregate_loss`, :func:`policy_loss`, :func:`reinforce_loss`,
-  :func:`value_loss`
+- losses: :func:`aggregate_loss`, :func:`policy_loss` (any of verl's ``loss_mode`` names:
+  :data:`POLICY_LOSSES`), :func:`clipped_policy_loss` (``vanilla``), :func:`gspo_loss`,
+  :func:`sapo_loss`, :func:`gpg_loss`, :func:`clip_cov_loss`, :func:`kl_cov_loss`,
+  :func:`geo_mean_loss`, :func:`cispo_loss`, :func:`bypass_mode_loss`,
+  :func:`reinforce_loss`, :func:`value_loss`
 - rollout correction (the engine's π_rollout vs the trainer's π_old):
   :func:`rollout_is_weights` (token/sequence TIS), :func:`normalize_is_weights`,
   :func:`rejection_mask` (:func:`rejection_rules`), :func:`off_policy_metrics`
@@ -55,7 +58,20 @@ _EXPORTS = {
     "off_policy_metrics": "rollout_correction",
     "SumOverRanks": "masked",
     "pairwise_reward_loss": "rewards",
-    "policy_loss": "losses",
+    "policy_loss": "policy_losses",
+    "POLICY_LOSSES": "policy_losses",
+    "POLICY_LOSS_MODES": "options",
+    "POLICY_LOSS_HYPERPARAMETERS": "options",
+    "SEQUENCE_MEAN_MODES": "options",
+    "clipped_policy_loss": "losses",
+    "gspo_loss": "policy_losses",
+    "sapo_loss": "policy_losses",
+    "gpg_loss": "policy_losses",
+    "geo_mean_loss": "policy_losses",
+    "cispo_loss": "policy_losses",
+    "bypass_mode_loss": "policy_losses",
+    "clip_cov_loss": "cov_losses",
+    "kl_cov_loss": "cov_losses",
     "reinforce_loss": "losses",
     "rejection_mask": "rollout_correction",
     "rejection_rules": "options",

@@ -1,4 +1,5 @@
-"""Loss aggregation and the clipped PPO policy and value losses.
+"""Loss aggregation, the clipped PPO policy loss (verl's ``vanilla``), the ratio-free
+policy gradient and the value loss. The other policy losses: :mod:`ppo_core.policy_losses`.
 
 Notation: ``ℓ`` a ``[B, T]`` per-token loss, ``m`` the response mask, a *valid sequence*
 one with at least one valid token.
@@ -120,7 +121,7 @@ def _weighted(
     return per_token * is_weights.detach()
 
 
-def policy_loss(
+def clipped_policy_loss(
     logprob: torch.Tensor,
     old_logprob: torch.Tensor,
     advantages: torch.Tensor,

@@ -19,6 +19,31 @@ LOSS_AGG_MODES = (
 )
 """Every ``mode`` :func:`ppo_core.aggregate_loss` accepts."""
 
+POLICY_LOSS_MODES = (
+    "vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "bypass_mode",
+)  # fmt: skip
+"""Every ``loss_mode`` :func:`ppo_core.policy_loss` accepts (verl's registered names)."""
+
+_CLIP = ("clip_ratio_low", "clip_ratio_high")
+POLICY_LOSS_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
+    "vanilla": (*_CLIP, "clip_ratio_c"),
+    "gspo": _CLIP,
+    "sapo": ("tau_pos", "tau_neg"),
+    "gpg": (),
+    "clip_cov": (*_CLIP, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+    "kl_cov": ("kl_cov_ratio", "ppo_kl_coef"),
+    "geo_mean": _CLIP,
+    "cispo": _CLIP,
+    "bypass_mode": ("loss_type", "rollout_is", "rollout_is_threshold",
+                    "rollout_is_batch_normalize", "rollout_rs"),
+}  # fmt: skip
+"""Each ``loss_mode``'s own hyperparameters (verl's names; besides the aggregation keywords,
+``is_weights`` and clip_cov's ``generator``): a trainer checks its configuration against them
+without torch."""
+
+SEQUENCE_MEAN_MODES = ("gspo", "sapo")
+"""Modes verl aggregates ``seq-mean-token-mean`` whatever ``loss_agg_mode`` says."""
+
 IS_LEVELS = ("token", "sequence")
 """Every ``level`` of :func:`ppo_core.rollout_is_weights` (verl's ``rollout_is``)."""
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from batching import check_token_budgets
 from fsdp_sharding import has_manifest, verify_manifest  # fsdp_sharding.manifest: no torch
+from klppo_train.checks.losses import check_policy_loss
 from klppo_train.config.choices import (
     ADV_ESTIMATORS,
     ATTN_IMPLEMENTATIONS,
@@ -23,13 +24,14 @@ from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
 from klppo_train.data import sources
 from klppo_train.runtime.allocator import check_allocator
 from klppo_train.tracking.backends import check_loggers
-from ppo_core import IS_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, rejection_rules
+from ppo_core import IS_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSS_MODES, rejection_rules
 
 CHOICES = {
     "algorithm.adv_estimator": ADV_ESTIMATORS,
     "algorithm.kl_penalty": KL_ESTIMATORS,
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "actor.loss_agg_mode": LOSS_AGG_MODES,
+    "actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
     "critic.loss_agg_mode": LOSS_AGG_MODES,
     "actor.kl_loss_type": KL_ESTIMATORS,
     "actor.lr_scheduler": SCHEDULES,
@@ -343,6 +345,7 @@ def _check_reward_training(cfg: AppConfig, world_size: int) -> None:
 def _check_algorithm(cfg: AppConfig) -> None:
     _check_kl_control(cfg)
     _check_rollout_correction(cfg)
+    check_policy_loss(cfg.actor, cfg.algorithm.rollout_correction)
     estimator = cfg.algorithm.adv_estimator
     if estimator == "gae" and not cfg.critic.enable:
         raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")

@@ -86,6 +86,28 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicyLossConfig:
+    """Which policy loss the actor minimizes (verl's ``actor.policy_loss``; ppo_core's
+    ``POLICY_LOSSES``) and the keys of the losses that have their own. A key the chosen mode
+    does not use is refused when set away from its default."""
+
+    loss_mode: str = "vanilla"
+    """vanilla (PPO's clip, dual-clip) | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean |
+    cispo | bypass_mode (set by algorithm.rollout_correction.bypass_mode=true, as verl does).
+    The clip bounds are actor.clip_ratio_low/high; SAPO's temperatures actor.tau_pos/neg."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: the share of valid tokens whose gradient is cut."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: the lower bound of a cut token's centred covariance of A and log π."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: the upper bound of that covariance."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: the share of valid tokens (the largest covariance) given the KL penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: the coefficient of |log π_θ/π_old| on those tokens."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ActorConfig:
     """The policy: its update (PPO losses, mini- and micro-batches) and its optimizer."""
 
@@ -107,8 +129,15 @@ class ActorConfig:
     """ε_high of the clipped ratio: 1 + ε_high (DAPO's clip-higher when > clip_ratio_low)."""
     clip_ratio_c: float = 3.0
     """Dual-clip bound c for negative advantages (Ye et al., 2020)."""
+    tau_pos: float = 1.0
+    """SAPO (policy_loss.loss_mode=sapo): the gate's temperature where A > 0."""
+    tau_neg: float = 1.05
+    """SAPO: the gate's temperature where A ≤ 0."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """The policy loss's mode and its keys (verl's actor.policy_loss)."""
     loss_agg_mode: str = "token-mean"
-    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    (gspo and sapo aggregate seq-mean-token-mean whatever it says, as verl)."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient (0: none)."""
     use_kl_loss: bool = False

@@ -11,6 +11,7 @@ however the micro-batches are cut (:mod:`klppo_train.workers.trainee`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +23,7 @@ from klppo_train.workers.losses import GlobalCounts, Metrics
 from klppo_train.workers.trajectories import Trajectories
 from ppo_core import (
     aggregate_loss,
+    clipped_policy_loss,
     kl_penalty,
     masked_mean,
     policy_loss,
@@ -33,8 +35,10 @@ from rollout import logprob_mismatch
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """Clipped policy loss + entropy bonus + KL loss (``actor.*``), on the response tokens'
-    log-probs at the sampling ``temperature``.
+    """The policy loss ``loss_mode`` (ppo_core's ``POLICY_LOSSES``: PPO's clip by default)
+    with its ``hyperparameters``, aggregated by ``policy_agg_mode``, + entropy bonus + KL
+    loss (``actor.*``, aggregated by ``loss_agg_mode``), on the response tokens' log-probs
+    at the sampling ``temperature``.
 
     ``mb.old_logprobs=None`` is the on-policy step (one mini-batch, one epoch): the policy
     has not moved since it generated, so logπ_old = sg(logπ) (ratio 1, verl's shortcut); the
@@ -45,9 +49,9 @@ class PolicyLoss:
     computes weights and rejection here, per micro-batch.
     """
 
-    clip_ratio_low: float
-    clip_ratio_high: float
-    clip_ratio_c: float
+    loss_mode: str
+    hyperparameters: tuple[tuple[str, Any], ...]
+    policy_agg_mode: str
     loss_agg_mode: str
     entropy_coeff: float
     use_kl_loss: bool
@@ -82,8 +86,9 @@ class PolicyLoss:
                 logprobs.detach() if on_policy else mb.old_logprobs,
                 mb.advantages,
                 mb.loss_mask,
+                loss_mode=self.loss_mode,
                 is_weights=mb.is_weights,
-                **self._clip_kwargs(counts),
+                **self._loss_kwargs(counts),
             )
         if entropy is not None:
             loss = self._entropy_bonus(loss, entropy, mb, counts, metrics)
@@ -96,14 +101,8 @@ class PolicyLoss:
             metrics["kl_loss"] = masked_mean(kl.detach(), mb.loss_mask)
         return loss, metrics
 
-    def _clip_kwargs(self, counts: GlobalCounts) -> dict:
-        return dict(
-            clip_ratio_low=self.clip_ratio_low,
-            clip_ratio_high=self.clip_ratio_high,
-            clip_ratio_c=self.clip_ratio_c,
-            agg_mode=self.loss_agg_mode,
-            **counts.kwargs(),
-        )
+    def _loss_kwargs(self, counts: GlobalCounts) -> dict:
+        return dict(self.hyperparameters, agg_mode=self.policy_agg_mode, **counts.kwargs())
 
     def _bypass_loss(
         self, logprobs: torch.Tensor, mb: Trajectories, counts: GlobalCounts
@@ -115,11 +114,11 @@ class PolicyLoss:
         if self.bypass.loss_type == "reinforce":
             loss, more = reinforce_loss(
                 logprobs, mb.advantages, mask, is_weights=weights,
-                agg_mode=self.loss_agg_mode, **counts.kwargs(),
+                agg_mode=self.policy_agg_mode, **counts.kwargs(),
             )  # fmt: skip
         else:
-            loss, more = policy_loss(
-                logprobs, mb.old_logprobs, mb.advantages, mask, **self._clip_kwargs(counts)
+            loss, more = clipped_policy_loss(
+                logprobs, mb.old_logprobs, mb.advantages, mask, **self._loss_kwargs(counts)
             )
         return loss, {**metrics, **more}
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from klppo_train.budgets.run_budgets import configured, longest_sequence
+from klppo_train.checks.losses import effective_loss_mode, mode_hyperparameters
 from klppo_train.checks.validate import sequence_parallel_size
 from klppo_train.config.roles import PASS_ROLES, run_roles, static_micro_batch_size
 from klppo_train.config.schema import AppConfig
@@ -41,6 +42,7 @@ from klppo_train.trainer.probe import QUADRATIC_ATTENTION, ProbeShape
 from klppo_train.trainer.schedule import make_scheduler
 from klppo_train.workers.passes import ForwardPass, Pass
 from klppo_train.workers.trainee import Trainee
+from ppo_core import SEQUENCE_MEAN_MODES
 from rollout import RolloutEngine, WeightPublisher
 
 log = logging.getLogger("klppo_train")
@@ -98,10 +100,16 @@ class StepBuilder:
 
     def policy_loss(self) -> PolicyLoss:
         a, correction = self.cfg.actor, self.rollout_correction()
+        mode = effective_loss_mode(a, self.cfg.algorithm.rollout_correction)
+        bypass = correction if correction is not None and correction.bypass else None
+        hyper = mode_hyperparameters(a, "vanilla" if bypass else mode)
+        agg = "seq-mean-token-mean" if mode in SEQUENCE_MEAN_MODES else a.loss_agg_mode
+        if mode != "vanilla":
+            log.info("policy loss: %s %s, aggregated %s", mode, hyper, agg)
         return PolicyLoss(
-            clip_ratio_low=a.clip_ratio_low,
-            clip_ratio_high=a.clip_ratio_high,
-            clip_ratio_c=a.clip_ratio_c,
+            loss_mode="vanilla" if bypass else mode,
+            hyperparameters=tuple(hyper.items()),
+            policy_agg_mode=agg,
             loss_agg_mode=a.loss_agg_mode,
             entropy_coeff=a.entropy_coeff,
             use_kl_loss=a.use_kl_loss,
@@ -110,7 +118,7 @@ class StepBuilder:
             temperature=self.cfg.rollout.sampling.temperature,
             share_prompts=self.cfg.model.share_prompts,
             sp=self.sp,
-            bypass=correction if correction is not None and correction.bypass else None,
+            bypass=bypass,
         )
 
     def value_loss(self) -> ValueLoss:

@@ -1,0 +1,121 @@
+"""verl's policy losses in real steps (``actor.policy_loss.loss_mode``, single process, HF
+engine, the tiny embedded model): each mode runs two PPO steps by verl's key names, each of
+its keys changes the step, and bad combinations fail before any model loads."""
+
+import math
+
+import pytest
+import torch
+from test_step import components
+
+from klppo_train.checks.validate import validate_config
+from klppo_train.config.data import DataConfig
+from klppo_train.config.schema import load_config
+from klppo_train.data.datasets import PromptDataset
+from klppo_train.demo.embedded import build_tokenizer
+from klppo_train.demo.tasks import make_arithmetic_rows
+from klppo_train.ppo.step import ppo_step
+from ppo_core import POLICY_LOSS_MODES
+
+VERL = "actor_rollout_ref.actor."
+# two mini-batches: the second one is off-policy (ratio ≠ 1), where the modes differ most
+OFF_POLICY = ["actor.ppo_mini_batch_size=2", "algorithm.use_kl_in_reward=false"]
+
+
+def steps(extra: list[str], count: int = 1) -> list[dict]:
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    _, c = components(tokenizer, tuple([*OFF_POLICY, *extra]))
+    items = PromptDataset(
+        make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
+    ).items
+    return [ppo_step(c, items, step=k + 1) for k in range(count)]
+
+
+def mode_args(mode: str) -> list[str]:
+    if mode == "bypass_mode":  # verl's apply_bypass_mode sets the loss mode from this key
+        return ["algorithm.rollout_correction.bypass_mode=true"]
+    return [f"{VERL}policy_loss.loss_mode={mode}"]
+
+
+@pytest.mark.parametrize("mode", POLICY_LOSS_MODES)
+def test_every_mode_runs_two_steps_by_verls_names(mode: str) -> None:
+    first, second = steps(mode_args(mode), count=2)
+    for metrics in (first, second):
+        assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
+    if mode == "bypass_mode":  # π_old is the engine's: no old-log-prob pass
+        assert "timing_s/old_log_prob" not in first
+        assert "timing_s/old_log_prob" in steps(mode_args("vanilla"))[0]
+    # clip_cov at verl's defaults cuts only tokens whose covariance is in (1, 5): none on this
+    # tiny model, so it is the vanilla loss (its keys are tested below)
+    if mode not in ("vanilla", "clip_cov", "bypass_mode"):
+        vanilla = steps(mode_args("vanilla"))[0]
+        assert first["actor/pg_loss"] != pytest.approx(vanilla["actor/pg_loss"], rel=1e-4)
+
+
+def _moved(mode: str, key: str, value: str, metric: str = "actor/pg_loss") -> None:
+    base = steps(mode_args(mode))[0]
+    changed = steps([*mode_args(mode), f"{key}={value}"])[0]
+    assert changed[metric] != pytest.approx(base[metric], rel=1e-6), (mode, key)
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "value"),
+    [
+        ("sapo", f"{VERL}tau_pos", "3.0"),
+        ("sapo", f"{VERL}tau_neg", "3.0"),
+        ("gspo", f"{VERL}clip_ratio", "0.0001"),  # verl's: both bounds
+        ("geo_mean", "actor.clip_ratio_high", "0.001"),
+        ("cispo", "actor.clip_ratio_low", "0.001"),
+        ("kl_cov", f"{VERL}policy_loss.kl_cov_ratio", "0.5"),
+        ("kl_cov", f"{VERL}policy_loss.ppo_kl_coef", "50"),
+    ],
+)
+def test_each_modes_keys_change_the_step(mode: str, key: str, value: str) -> None:
+    _moved(mode, key, value)
+
+
+def test_clip_cov_keys_change_which_tokens_are_cut() -> None:
+    """Clip-Cov cuts tokens with lb < cov < ub: a wide window and a large ratio cut some; the
+    ratio, and each bound closing the window, change how many."""
+    key = f"{VERL}policy_loss."
+    wide = [*mode_args("clip_cov"), f"{key}clip_cov_lb=-100", f"{key}clip_cov_ub=100"]
+    cut = steps([*wide, f"{key}clip_cov_ratio=0.5"])[0]["actor/pg_clipfrac"]
+    assert 0.2 < cut <= 0.5
+    assert steps([*wide, f"{key}clip_cov_ratio=0.1"])[0]["actor/pg_clipfrac"] < cut
+    closed_lb = [*wide, f"{key}clip_cov_ratio=0.5", f"{key}clip_cov_lb=99"]
+    closed_ub = [*wide, f"{key}clip_cov_ratio=0.5", f"{key}clip_cov_ub=-99"]
+    assert steps(closed_lb)[0]["actor/pg_clipfrac"] == 0.0
+    assert steps(closed_ub)[0]["actor/pg_clipfrac"] == 0.0
+
+
+def test_gspo_aggregates_by_sequence_whatever_loss_agg_mode_says() -> None:
+    """As verl: GSPO's policy loss is seq-mean-token-mean even under token-mean."""
+    token = steps([*mode_args("gspo"), "actor.loss_agg_mode=token-mean"])[0]
+    seq = steps([*mode_args("gspo"), "actor.loss_agg_mode=seq-mean-token-mean"])[0]
+    assert token["actor/pg_loss"] == seq["actor/pg_loss"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([f"{VERL}policy_loss.loss_mode=ppo"], "actor.policy_loss.loss_mode.*vanilla"),
+        ([f"{VERL}tau_pos=2"], "actor.tau_pos=2.0 takes no effect with .*loss_mode=vanilla"),
+        (
+            [f"{VERL}policy_loss.loss_mode=gspo", "actor.clip_ratio_c=10"],
+            "actor.clip_ratio_c=10.0 takes no effect with .*=gspo",
+        ),
+        (
+            [f"{VERL}policy_loss.loss_mode=sapo", f"{VERL}policy_loss.clip_cov_ratio=0.1"],
+            "actor.policy_loss.clip_cov_ratio=0.1 takes no effect",
+        ),
+        ([f"{VERL}policy_loss.loss_mode=bypass_mode"], "set .*bypass_mode=true instead"),
+        (
+            [f"{VERL}policy_loss.loss_mode=gspo", "algorithm.rollout_correction.bypass_mode=true"],
+            "bypass mode has its own loss",
+        ),
+    ],
+)
+def test_bad_combinations_fail_before_any_model(extra: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_config(load_config(None, extra))
