@@ -27,7 +27,7 @@ CHECK_ONLY |= {f"{c}.ulysses_sequence_parallel_size" for c in ("RefConfig", "Cri
 # mode; the CPU engine says so once); scripts/gpu_check.sh runs the CUDA engine.
 CUDA_ONLY = {"VLLMConfig.gpu_memory_utilization", "VLLMConfig.sleep_level"}
 # Read only under the policy-loss mode that uses them (one mode per run); each is shown to
-# change the step under its mode in test_policy_loss_modes.py, and set under another mode it
+# change the step under its mode in test_algorithm_zoo.py, and set under another mode it
 # is refused before any model loads (checks/losses.py).
 MODE_KEYS = {"ActorConfig.tau_pos", "ActorConfig.tau_neg"} | {
     f"PolicyLossConfig.{k}"

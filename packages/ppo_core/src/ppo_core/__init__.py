@@ -8,7 +8,11 @@ Plain functions with explicit arguments, so they drop into any training loop:
 - KL: :func:`kl_penalty`, :func:`apply_kl_penalty`, :class:`FixedKLController`,
   :class:`AdaptiveKLController`
 - advantages: :func:`compute_gae`, :func:`compute_grpo_advantages`,
-  :func:`compute_rloo_advantages`, :func:`compute_reinforce_pp_advantages`
+  :func:`compute_rloo_advantages`, :func:`compute_reinforce_pp_advantages`,
+  :func:`compute_grpo_passk_advantages`, :func:`compute_reinforce_pp_baseline_advantages`,
+  :func:`compute_opo_advantages`, :func:`compute_gpg_advantages`,
+  :func:`compute_remax_advantages`, :func:`compute_optimal_token_baseline_advantages`;
+  every verl name: :data:`ADVANTAGE_ESTIMATORS`
 - losses: :func:`aggregate_loss`, :func:`policy_loss` (any of verl's ``loss_mode`` names:
   :data:`POLICY_LOSSES`), :func:`clipped_policy_loss` (``vanilla``), :func:`gspo_loss`,
   :func:`sapo_loss`, :func:`gpg_loss`, :func:`clip_cov_loss`, :func:`kl_cov_loss`,
@@ -43,6 +47,14 @@ _EXPORTS = {
     "aggregate_loss": "losses",
     "apply_kl_penalty": "kl",
     "compute_gae": "advantages",
+    "ADVANTAGE_ESTIMATORS": "estimators",
+    "ADVANTAGE_ESTIMATOR_NAMES": "options",
+    "compute_grpo_passk_advantages": "group_advantages",
+    "compute_reinforce_pp_baseline_advantages": "group_advantages",
+    "compute_opo_advantages": "group_advantages",
+    "compute_gpg_advantages": "group_advantages",
+    "compute_remax_advantages": "group_advantages",
+    "compute_optimal_token_baseline_advantages": "token_baseline",
     "compute_grpo_advantages": "advantages",
     "compute_reinforce_pp_advantages": "advantages",
     "compute_rloo_advantages": "advantages",

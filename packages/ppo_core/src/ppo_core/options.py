@@ -44,6 +44,13 @@ without torch."""
 SEQUENCE_MEAN_MODES = ("gspo", "sapo")
 """Modes verl aggregates ``seq-mean-token-mean`` whatever ``loss_agg_mode`` says."""
 
+ADVANTAGE_ESTIMATOR_NAMES = (
+    "gae", "grpo", "grpo_vectorized", "grpo_passk", "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline", "remax", "rloo", "rloo_vectorized", "opo", "gpg",
+    "optimal_token_baseline", "tir_optimal_token_baseline",
+)  # fmt: skip
+"""Every advantage estimator verl registers (:data:`ppo_core.ADVANTAGE_ESTIMATORS`)."""
+
 IS_LEVELS = ("token", "sequence")
 """Every ``level`` of :func:`ppo_core.rollout_is_weights` (verl's ``rollout_is``)."""
 

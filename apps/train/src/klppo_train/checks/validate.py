@@ -16,6 +16,8 @@ from klppo_train.config.choices import (
     ADV_ESTIMATORS,
     ATTN_IMPLEMENTATIONS,
     DTYPES,
+    GROUP_ESTIMATORS,
+    REFUSED_ESTIMATORS,
     SCHEDULES,
     VARLEN,
 )
@@ -27,7 +29,7 @@ from klppo_train.tracking.backends import check_loggers
 from ppo_core import IS_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSS_MODES, rejection_rules
 
 CHOICES = {
-    "algorithm.adv_estimator": ADV_ESTIMATORS,
+    "algorithm.adv_estimator": (*ADV_ESTIMATORS, *REFUSED_ESTIMATORS),  # refused: with why
     "algorithm.kl_penalty": KL_ESTIMATORS,
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "actor.loss_agg_mode": LOSS_AGG_MODES,
@@ -347,9 +349,14 @@ def _check_algorithm(cfg: AppConfig) -> None:
     _check_rollout_correction(cfg)
     check_policy_loss(cfg.actor, cfg.algorithm.rollout_correction)
     estimator = cfg.algorithm.adv_estimator
+    if estimator in REFUSED_ESTIMATORS:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} is not run by klppo yet: "
+            f"{REFUSED_ESTIMATORS[estimator]}"
+        )
     if estimator == "gae" and not cfg.critic.enable:
         raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
-    if estimator in ("grpo", "rloo") and cfg.rollout.sampling.n < 2:
+    if estimator in GROUP_ESTIMATORS and cfg.rollout.sampling.n < 2:
         raise ValueError(
             f"algorithm.adv_estimator={estimator} compares samples of one prompt: "
             f"rollout.n must be >= 2, got {cfg.rollout.sampling.n}"

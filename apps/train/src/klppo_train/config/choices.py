@@ -4,8 +4,24 @@ choices import their names from here."""
 
 from __future__ import annotations
 
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
-"""algorithm.adv_estimator (klppo_train.ppo.algorithm)."""
+ADV_ESTIMATORS = (
+    "gae", "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized",
+    "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
+)  # fmt: skip
+"""algorithm.adv_estimator (klppo_train.ppo.algorithm; the math: ppo_core.ADVANTAGE_ESTIMATORS)."""
+
+GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized")
+"""Estimators that compare a prompt's samples with each other: they need rollout.n >= 2."""
+
+REFUSED_ESTIMATORS = {
+    "remax": "its baseline is the reward of a greedy response to each prompt, an extra "
+    "generation the step does not run yet",
+    "optimal_token_baseline": "it needs Σπ² over the vocabulary at each response token from "
+    "the old-log-prob pass, which the step does not compute yet",
+    "tir_optimal_token_baseline": "it needs Σπ² over the vocabulary at each response token "
+    "from the old-log-prob pass, which the step does not compute yet",
+}
+"""verl's estimators ppo_core has and the app does not run yet, with the reason."""
 
 VARLEN = "klppo_varlen"
 """klppo's packed attention (klppo_train.runtime.packed_attention)."""

@@ -310,7 +310,9 @@ class AlgorithmConfig:
     """Rewards to advantages."""
 
     adv_estimator: str = "gae"
-    """gae (needs the critic) | grpo | rloo | reinforce_plus_plus."""
+    """gae (needs the critic) | grpo | grpo_passk | rloo | reinforce_plus_plus |
+    reinforce_plus_plus_baseline | opo | gpg (and verl's *_vectorized twins of grpo, rloo);
+    remax and optimal_token_baseline are refused with the reason."""
     gamma: float = 1.0
     """Discount γ (gae, reinforce_plus_plus)."""
     lam: float = 1.0

@@ -20,8 +20,12 @@ from ppo_core import (
     SumOverRanks,
     apply_kl_penalty,
     compute_gae,
+    compute_gpg_advantages,
     compute_grpo_advantages,
+    compute_grpo_passk_advantages,
+    compute_opo_advantages,
     compute_reinforce_pp_advantages,
+    compute_reinforce_pp_baseline_advantages,
     compute_rloo_advantages,
     masked_mean,
     masked_var,
@@ -88,22 +92,33 @@ def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, 
     rewards and group the samples of one prompt by ``group_ids`` (whole on one rank); GAE
     and REINFORCE++ whiten over every rank's samples through ``dp_sum``."""
     prompts = "the prompt index of each sample"
+
+    def grouped(name: str, fn, **kw) -> AdvantageFn:
+        return lambda r, m, *, values=None, group_ids=None: fn(
+            _sequence_scores(r, m), _needs(name, prompts, group_ids), m, **kw
+        )
+
     return {
         "gae": lambda r, m, *, values=None, group_ids=None: compute_gae(
             r, _needs("gae", "critic values", values), m, cfg.gamma, cfg.lam, dp_sum=dp_sum
         ),
-        "grpo": lambda r, m, *, values=None, group_ids=None: compute_grpo_advantages(
-            _sequence_scores(r, m),
-            _needs("grpo", prompts, group_ids),
-            m,
-            norm_by_std=cfg.norm_adv_by_std_in_grpo,
+        "grpo": grouped("grpo", compute_grpo_advantages, norm_by_std=cfg.norm_adv_by_std_in_grpo),
+        "grpo_vectorized": grouped(
+            "grpo_vectorized", compute_grpo_advantages, norm_by_std=cfg.norm_adv_by_std_in_grpo
         ),
-        "rloo": lambda r, m, *, values=None, group_ids=None: compute_rloo_advantages(
-            _sequence_scores(r, m), _needs("rloo", prompts, group_ids), m
+        "grpo_passk": grouped(
+            "grpo_passk", compute_grpo_passk_advantages, norm_by_std=cfg.norm_adv_by_std_in_grpo
         ),
+        "rloo": grouped("rloo", compute_rloo_advantages),
+        "rloo_vectorized": grouped("rloo_vectorized", compute_rloo_advantages),
         "reinforce_plus_plus": lambda r, m, *, values=None, group_ids=None: (
             compute_reinforce_pp_advantages(r, m, cfg.gamma, dp_sum=dp_sum)
         ),
+        "reinforce_plus_plus_baseline": grouped(
+            "reinforce_plus_plus_baseline", compute_reinforce_pp_baseline_advantages, dp_sum=dp_sum
+        ),
+        "opo": grouped("opo", compute_opo_advantages),
+        "gpg": grouped("gpg", compute_gpg_advantages, dp_sum=dp_sum),
     }
 
 

@@ -1,6 +1,7 @@
-"""verl's policy losses in real steps (``actor.policy_loss.loss_mode``, single process, HF
-engine, the tiny embedded model): each mode runs two PPO steps by verl's key names, each of
-its keys changes the step, and bad combinations fail before any model loads."""
+"""verl's policy losses and advantage estimators in real steps (``actor.policy_loss.loss_mode``,
+``algorithm.adv_estimator``; single process, HF engine, the tiny embedded model): each runs two
+PPO steps by verl's key names, each loss mode's keys change the step, and bad combinations
+fail before any model loads."""
 
 import math
 
@@ -9,6 +10,7 @@ import torch
 from test_step import components
 
 from klppo_train.checks.validate import validate_config
+from klppo_train.config.choices import ADV_ESTIMATORS, REFUSED_ESTIMATORS
 from klppo_train.config.data import DataConfig
 from klppo_train.config.schema import load_config
 from klppo_train.data.datasets import PromptDataset
@@ -119,3 +121,39 @@ def test_gspo_aggregates_by_sequence_whatever_loss_agg_mode_says() -> None:
 def test_bad_combinations_fail_before_any_model(extra: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         validate_config(load_config(None, extra))
+
+
+CRITIC_FREE = [e for e in ADV_ESTIMATORS if e != "gae"]
+
+
+@pytest.mark.parametrize("estimator", CRITIC_FREE)
+def test_every_estimator_runs_two_steps_by_verls_names(estimator: str) -> None:
+    extra = [f"algorithm.adv_estimator={estimator}", "critic.enable=false"]
+    first, second = steps(extra, count=2)
+    for metrics in (first, second):
+        assert math.isfinite(metrics["actor/pg_loss"])
+        assert math.isfinite(metrics["critic/advantages/mean"])
+
+
+def test_the_estimators_give_their_own_advantages() -> None:
+    """The same samples (seeded) scored by a random reward model (the rule scores the tiny
+    model's answers all 0): the advantages differ between the estimators, and the vectorized
+    twins equal their originals."""
+    rm = ["reward_model.enable=true", "reward_model.path=rm", "critic.enable=false"]
+    got = {
+        e: steps([*rm, f"algorithm.adv_estimator={e}"])[0]["critic/advantages/max"]
+        for e in CRITIC_FREE
+    }
+    assert got["grpo_vectorized"] == got["grpo"] and got["rloo_vectorized"] == got["rloo"]
+    distinct = {round(got[e], 6) for e in ("grpo", "grpo_passk", "rloo", "gpg")}
+    assert len(distinct) == 4, got
+    # every response is 4 tokens long and no score is 0: OPO's length-weighted mean is the
+    # plain mean and GPG's α = B/#nonzero is 1, so the two coincide (two samples a prompt:
+    # half the gap), and RLOO's leave-one-out baseline gives the whole gap
+    assert got["opo"] == pytest.approx(got["gpg"]) == pytest.approx(got["rloo"] / 2)
+
+
+@pytest.mark.parametrize("estimator", sorted(REFUSED_ESTIMATORS))
+def test_estimators_the_step_cannot_feed_are_refused_with_the_reason(estimator: str) -> None:
+    with pytest.raises(ValueError, match=f"adv_estimator={estimator} is not run by klppo yet: "):
+        validate_config(load_config(None, [f"algorithm.adv_estimator={estimator}"]))
