@@ -5,13 +5,17 @@ mean, one colour per setting (how docs/img's comparison plots are made).
         plain/s1=runs/c plain/s2=runs/d [--panel 'val/*/acc=held-out accuracy' ...]
 
 A label's text before "/" names its group (``tis``, ``plain``). Without ``--panel`` the panels
-are the end-of-run plot's. Prints each run's last value of every plotted metric and each
-group's mean of them. A run directory without ``metrics.jsonl`` exits 2 with one line.
+are the end-of-run plot's. ``--x-sqrt-kl`` draws them against √KL instead of the step, as Gao et
+al. (2022) plot gold and proxy reward: KL = the step's per-token KL to the reference
+(``actor/reward_kl_penalty``) × its mean response length, in nats per response; only steps
+that record both (and the panel's metric) are drawn. Prints each run's last value of every
+plotted metric and each group's mean of them. A run directory without ``metrics.jsonl`` exits 2 with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -30,7 +34,21 @@ def _parse() -> argparse.Namespace:
         metavar="PATTERN=TITLE",
         help="a metric (or a pattern with one *) and its panel's title; repeatable",
     )
+    parser.add_argument(
+        "--x-sqrt-kl", action="store_true", help="x = √(KL per response) instead of the step"
+    )
     return parser.parse_args()
+
+
+def against_sqrt_kl(records: list[dict]) -> list[dict]:
+    """The records that carry the KL and the response length, each with its ``step``
+    replaced by √(per-token KL × mean response length)."""
+    kl, length = "actor/reward_kl_penalty", "response_length/mean"
+    return [
+        {**r, "step": math.sqrt(max(r[kl], 0.0) * r[length])}
+        for r in records
+        if kl in r and length in r
+    ]
 
 
 def last_values(runs: dict[str, list[dict]], patterns: list[str]) -> list[str]:
@@ -62,7 +80,10 @@ def main() -> int:
             return 2
         runs[label] = read_jsonl(path)
     panels = [tuple(p.split("=", 1)) if "=" in p else (p, p) for p in args.panel] or PLOTTED
-    plot_runs(runs, args.out, panels)
+    if args.x_sqrt_kl:
+        runs = {label: against_sqrt_kl(records) for label, records in runs.items()}
+    xlabel = "√KL(policy ‖ ref) per response, nats^½" if args.x_sqrt_kl else "step"
+    plot_runs(runs, args.out, panels, xlabel=xlabel)
     print("\n".join(last_values(runs, [pattern for pattern, _ in panels])))
     print(f"wrote {args.out}")
     return 0

@@ -73,3 +73,21 @@ def test_plot_runs_refuses_a_run_without_metrics_in_one_line(tmp_path: Path) -> 
     assert run.returncode == 2
     assert len(run.stderr.strip().splitlines()) == 1 and "tis/s1" in run.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_x_sqrt_kl_puts_each_validation_at_the_root_of_its_steps_kl(tmp_path: Path) -> None:
+    """Gao et al.'s axis: √(per-token KL × mean response length) of the step; step 0 (no KL)
+    is left out. tis/s1 at step 20: KL 0.1·20 = 2 per token × 8 tokens → x = 4."""
+    for recs in RUNS.values():
+        for r in recs:
+            r["response_length/mean"] = 8.0
+    out = tmp_path / "gao.png"
+    cmd = [sys.executable, str(ROOT / "scripts" / "plot_runs.py"), "--out", str(out), "--x-sqrt-kl"]
+    run = subprocess.run(
+        cmd + ["--panel", f"{ACC}=gold"] + write_runs(tmp_path),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    last = [line for line in run.stdout.splitlines() if line.startswith("tis/s1") and ACC in line]
+    assert last and last[0].endswith("step  4.0  0.7000")

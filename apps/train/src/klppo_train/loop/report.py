@@ -61,10 +61,14 @@ def group_means(runs: dict[str, list[dict]], key: str) -> dict[str, tuple[list[i
     return out
 
 
-def plot_runs(runs: dict[str, list[dict]], path: Path, panels=PLOTTED) -> Path:
+def plot_runs(
+    runs: dict[str, list[dict]], path: Path, panels=PLOTTED, xlabel: str = "step"
+) -> Path:
     """:func:`plot_metrics` for several runs (``{label: records}``): each run a thin line in
     its group's colour (groups as :func:`group_means`), each group's mean a thick one, so
-    seeds of a setting read as a band around its mean. One run: its series as they are."""
+    seeds of a setting read as a band around its mean. One run: its series as they are.
+    ``xlabel``: what the records' ``step`` holds (another x: the group means are then drawn
+    only where the runs share an x)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a training node
@@ -79,7 +83,7 @@ def plot_runs(runs: dict[str, list[dict]], path: Path, panels=PLOTTED) -> Path:
         else:
             _plot_groups(ax, runs, pattern, colour)
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if ("*" in pattern or len(runs) > 1) and ax.lines:
             ax.legend(fontsize=7)
@@ -110,7 +114,7 @@ def _plot_groups(ax, runs: dict[str, list[dict]], pattern: str, colour: dict) ->
     for label, records in runs.items():
         for key, (steps, values) in metric_series(records, pattern).items():
             keys[key] = None
-            ax.plot(steps, values, color=colour[run_group(label)], lw=0.8, alpha=0.35)
+            ax.plot(steps, values, color=colour[run_group(label)], lw=0.8, alpha=0.5, marker=".")
     sizes = Counter(run_group(label) for label in runs)
     for key in keys:
         for group, (steps, means) in group_means(runs, key).items():
