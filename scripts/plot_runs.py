@@ -9,7 +9,8 @@ are the end-of-run plot's. ``--x-sqrt-kl`` draws them against √KL instead of t
 al. (2022) plot gold and proxy reward: KL = the step's per-token KL to the reference
 (``actor/reward_kl_penalty``) × its mean response length, in nats per response; only steps
 that record both (and the panel's metric) are drawn. Prints each run's last value of every
-plotted metric and each group's mean of them. A run directory without ``metrics.jsonl`` exits 2 with one line.
+plotted metric and each group's mean of them. A run directory without ``metrics.jsonl`` exits 2
+with one line.
 """
 
 from __future__ import annotations
