@@ -157,3 +157,32 @@ def test_the_estimators_give_their_own_advantages() -> None:
 def test_estimators_the_step_cannot_feed_are_refused_with_the_reason(estimator: str) -> None:
     with pytest.raises(ValueError, match=f"adv_estimator={estimator} is not run by klppo yet: "):
         validate_config(load_config(None, [f"algorithm.adv_estimator={estimator}"]))
+
+
+OVERLONG = "reward_model.reward_kwargs.overlong_buffer_cfg."  # verl's DAPO recipes' keys
+
+
+def test_overlong_penalty_by_verls_keys() -> None:
+    """Responses of 4 tokens (the limit: the random tiny model never stops), buffer 2,
+    factor 0.5: each loses 0.5·(4 − 2)/2 = 0.5; the same seeded samples otherwise."""
+    plain = steps([])[0]
+    keys = [f"{OVERLONG}enable=true", f"{OVERLONG}len=2", f"{OVERLONG}penalty_factor=0.5"]
+    shaped = steps([*keys, f"{OVERLONG}log=true"])[0]
+    assert plain["response_length/mean"] == shaped["response_length/mean"] == 4.0
+    assert shaped["reward/overlong_penalty/mean"] == pytest.approx(-0.5)
+    assert shaped["reward/overlong_fraction"] == 1.0
+    assert shaped["critic/score/mean"] == pytest.approx(plain["critic/score/mean"] - 0.5)
+    assert "reward/overlong_fraction" not in steps(keys)[0]  # log=false: the penalty, no metrics
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([f"{OVERLONG}len=2"], "overlong_buffer.len takes effect only with .*enable=true"),
+        ([f"{OVERLONG}enable=true", f"{OVERLONG}len=5"], "len=5: want 0 < len <= .*=4"),
+        ([f"{OVERLONG}enable=true"], "len=0"),
+    ],
+)
+def test_bad_overlong_keys_fail_before_any_model(extra: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_config(load_config(None, ["rollout.response_length=4", *extra]))

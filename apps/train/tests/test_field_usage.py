@@ -136,9 +136,10 @@ def _vllm_run(tmp_path: Path) -> list[str]:
 
 def _hf_run(tmp_path: Path) -> list[str]:
     """The other choices: GRPO without a critic, KL in the loss, static micro-batches, a
-    custom reward, epochs instead of steps, an overlong prompt filtered out, LoRA on two
-    of the layers (the reference: the actor without its adapters), decoupled rollout
-    correction (its old-log-prob pass reads the static micro-batch size)."""
+    custom reward shaped by DAPO's overlong penalty, epochs instead of steps, an overlong
+    prompt filtered out, LoRA on two of the layers (the reference: the actor without its
+    adapters), decoupled rollout correction (its old-log-prob pass reads the static
+    micro-batch size)."""
     run = tmp_path / "b"
     long = {**make_arithmetic_rows(1, seed=9, template=COMPACT)[0]}
     long["prompt"] = [{"role": "user", "content": "9" * 100}]
@@ -171,6 +172,10 @@ def _hf_run(tmp_path: Path) -> list[str]:
         "model.target_modules=[q_proj,v_proj]",
         "algorithm.rollout_correction.rollout_is=sequence",  # decoupled, before advantages
         "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "reward_model.overlong_buffer.enable=true",  # DAPO's penalty on the rule reward
+        "reward_model.overlong_buffer.len=2",
+        "reward_model.overlong_buffer.penalty_factor=0.5",
+        "reward_model.overlong_buffer.log=true",
     ]
 
 
@@ -202,6 +207,7 @@ def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
             "kl_ctrl",
             "rollout_correction",
             "policy_loss",
+            "overlong_buffer",
             "sampling",
             "vllm",
             "hf",

@@ -85,3 +85,14 @@ def test_pairwise_loss_checks_its_arguments() -> None:
         pairwise_reward_loss(torch.ones(3, 1), torch.ones(3, 1))
     with pytest.raises(ValueError, match="center_coef"):
         pairwise_reward_loss(torch.ones(3), torch.ones(3), center_coef=-1.0)
+
+
+def test_overlong_penalty_by_hand() -> None:
+    # L_max 20, buffer 8: free up to 12 tokens, then −(|y| − 12)/8 · 1.0, reaching −1 at 20
+    from ppo_core import overlong_penalty
+
+    lengths = torch.tensor([5, 12, 13, 16, 20])
+    got = overlong_penalty(lengths, max_response_length=20, buffer_length=8, penalty_factor=1.0)
+    assert got.tolist() == pytest.approx([0.0, 0.0, -0.125, -0.5, -1.0])
+    with pytest.raises(ValueError, match="buffer_length"):
+        overlong_penalty(lengths, max_response_length=20, buffer_length=21, penalty_factor=1.0)

@@ -22,6 +22,7 @@ Plain functions with explicit arguments, so they drop into any training loop:
   :func:`rollout_is_weights` (token/sequence TIS), :func:`normalize_is_weights`,
   :func:`rejection_mask` (:func:`rejection_rules`), :func:`off_policy_metrics`
 - rewards: :func:`token_level_scores` (a sequence's score on its last response token),
+  :func:`overlong_penalty` (DAPO's soft overlong punishment),
   :func:`pairwise_reward_loss` (a reward model's Bradley–Terry loss)
 """
 
@@ -70,6 +71,7 @@ _EXPORTS = {
     "off_policy_metrics": "rollout_correction",
     "SumOverRanks": "masked",
     "pairwise_reward_loss": "rewards",
+    "overlong_penalty": "rewards",
     "policy_loss": "policy_losses",
     "POLICY_LOSSES": "policy_losses",
     "POLICY_LOSS_MODES": "options",

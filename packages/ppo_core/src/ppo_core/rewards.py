@@ -1,4 +1,5 @@
-"""Sequence rewards placed on tokens, and the reward model's pairwise loss."""
+"""Sequence rewards placed on tokens, DAPO's overlong penalty, and the reward model's pairwise
+loss."""
 
 from __future__ import annotations
 
@@ -38,6 +39,35 @@ def token_level_scores(
     rows = (last >= 0).nonzero(as_tuple=True)[0]
     out[rows, last[rows]] = scores[rows]
     return out
+
+
+def overlong_penalty(
+    response_lengths: torch.Tensor,
+    max_response_length: int,
+    buffer_length: int,
+    penalty_factor: float,
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al., 2025, arXiv:2503.14476; verl's
+    ``reward_model.overlong_buffer``): responses longer than L_max − L_buf lose reward
+    linearly, up to ``penalty_factor`` at L_max.
+
+    penalty = min(−(|y| − (L_max − L_buf)) / L_buf · factor, 0)
+
+    Args:
+        response_lengths: ``[B]`` tokens of each response (its EOS included).
+        max_response_length: L_max.
+        buffer_length: L_buf > 0, at most L_max.
+        penalty_factor: the penalty at |y| = L_max.
+
+    Returns:
+        ``[B]`` penalties ≤ 0 (float32), to add to the sequence rewards.
+    """
+    if not 0 < buffer_length <= max_response_length:
+        raise ValueError(
+            f"buffer_length must be in (0, {max_response_length}], got {buffer_length}"
+        )
+    excess = response_lengths.float() - (max_response_length - buffer_length)
+    return torch.clamp(-excess / buffer_length * penalty_factor, max=0.0)
 
 
 def pairwise_reward_loss(

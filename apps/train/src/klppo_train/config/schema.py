@@ -342,6 +342,22 @@ class RewardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (verl's reward_model.overlong_buffer): a response longer
+    than rollout.response_length − len loses reward linearly, penalty_factor at the limit
+    (ppo_core.overlong_penalty), added to whatever the sequence reward is."""
+
+    enable: bool = False
+    """Apply the penalty."""
+    len: int = 0
+    """L_buf: the last this many tokens before rollout.response_length are penalized."""
+    penalty_factor: float = 1.0
+    """The penalty of a response that reaches rollout.response_length."""
+    log: bool = False
+    """Log reward/overlong_penalty/mean and reward/overlong_fraction each step."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RewardModelConfig:
     """A learned reward model scoring the step's responses (verl's reward_model.*): frozen,
     FSDP-sharded like the reference, its score read at each response's last token
@@ -384,6 +400,8 @@ class RewardModelConfig:
     (reward-model score + rule_weight × rule reward)."""
     rule_weight: float = 1.0
     """combine=sum: the rule reward's weight."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's overlong penalty on the sequence reward (with or without a reward model)."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
     """How the reward model is sharded (fsdp_sharding.ShardingConfig)."""
 

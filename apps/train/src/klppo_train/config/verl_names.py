@@ -68,6 +68,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "reward_model.fsdp.min_num_params",
     ),
     "reward_model.model.fsdp_config.*": ("reward_model.fsdp.*",),
+    # DAPO's recipes pass it to the reward manager (with a `+`, which the overrides accept)
+    "reward_model.reward_kwargs.overlong_buffer_cfg.*": ("reward_model.overlong_buffer.*",),
     "data.max_response_length": ("rollout.sampling.max_new_tokens",),
     "trainer.default_local_dir": ("trainer.run_dir",),
     "actor_rollout_ref.nccl_timeout": ("trainer.collective_timeout_s",),

@@ -19,6 +19,7 @@ from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import AdvantageFn, KLInReward
 from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.rollouts import RolloutSource, StepPlan
+from klppo_train.ppo.shaping import OverlongShaping
 from klppo_train.reward_model.serve import RewardModelReward
 from klppo_train.workers.passes import ForwardPass
 from klppo_train.workers.trainee import Trainee
@@ -64,6 +65,7 @@ class Components:
     budgets: RunBudgets | None = None
     export_actor: Callable[..., Any] | None = None  # (run_dir, suffix="") → the HF export(s)
     rollout_correction: RolloutCorrection | None = None  # algorithm.rollout_correction
+    shaping: OverlongShaping | None = None  # reward_model.overlong_buffer
 
     def trainees(self) -> list[Trainee]:
         return [t for t in (self.actor, self.critic) if t is not None]

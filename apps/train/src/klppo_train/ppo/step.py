@@ -68,11 +68,17 @@ def score_responses(
     c: Components, items: Sequence[PromptItem], t: Trajectories, rm_raw: torch.Tensor | None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Sequence rewards on the last response token (``[N, T]``): the rule's, or the reward
-    model's (``rm_raw``: its raw scores) as ``reward_model.combine`` says; its metrics."""
+    model's (``rm_raw``: its raw scores) as ``reward_model.combine`` says, shaped
+    (``c.shaping``: DAPO's overlong penalty); its metrics."""
+    metrics: dict[str, float] = {}
     if c.reward_model is None:
-        return token_level_scores(rule_scores(c, items, t), t.loss_mask), {}
-    rule = rule_scores(c, items, t) if c.reward_model.uses_rule else None
-    rewards, metrics = c.reward_model.reward(rm_raw, rule, t)
+        rewards = rule_scores(c, items, t)
+    else:
+        rule = rule_scores(c, items, t) if c.reward_model.uses_rule else None
+        rewards, metrics = c.reward_model.reward(rm_raw, rule, t)
+    if c.shaping is not None:
+        rewards, shaped = c.shaping(rewards, t.response_mask)
+        metrics.update(shaped)
     return token_level_scores(rewards, t.loss_mask), metrics
 
 

@@ -28,6 +28,7 @@ from klppo_train.ppo.components import Components
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.rollouts import ColocatedRollouts, StepPlan
+from klppo_train.ppo.shaping import OverlongShaping
 from klppo_train.reward_model.hf_dir import stored_normalization
 from klppo_train.reward_model.serve import (
     Retemplate,
@@ -249,7 +250,17 @@ class StepBuilder:
             update_flops_per_token=update_flops_per_token,
             export_actor=export_actor,
             rollout_correction=self.rollout_correction(),
+            shaping=self.shaping(),
         )
+
+    def shaping(self) -> OverlongShaping | None:
+        """DAPO's overlong penalty on the sequence rewards (``reward_model.overlong_buffer``)."""
+        buf = self.cfg.reward_model.overlong_buffer
+        if not buf.enable:
+            return None
+        log.info("overlong penalty: the last %d of %d tokens, up to %s", buf.len,
+                 self.response_length, buf.penalty_factor)  # fmt: skip
+        return OverlongShaping(self.response_length, buf.len, buf.penalty_factor, buf.log)
 
     def plan(self) -> StepPlan:
         cfg = self.cfg
