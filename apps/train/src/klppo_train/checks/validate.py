@@ -22,7 +22,7 @@ from klppo_train.config.choices import (
     VARLEN,
 )
 from klppo_train.config.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
-from klppo_train.config.schema import AppConfig, ModelConfig, TrainerConfig
+from klppo_train.config.schema import AppConfig, ModelConfig, OverlongBufferConfig, TrainerConfig
 from klppo_train.data import sources
 from klppo_train.runtime.allocator import check_allocator
 from klppo_train.tracking.backends import check_loggers
@@ -312,15 +312,16 @@ def _check_sequence_parallel(cfg: AppConfig, world_size: int) -> None:
         )
 
 
-def _check_overlong_buffer(cfg: AppConfig) -> None:
-    key, buf = "reward_model.overlong_buffer", cfg.reward_model.overlong_buffer
+def _check_overlong_buffer(buf: OverlongBufferConfig, limit: int) -> None:
+    """DAPO's overlong penalty: a buffer within the response length (``limit``), and no key
+    set without ``enable``."""
+    key = "reward_model.overlong_buffer"
     if not buf.enable:
         default = type(buf)()
         for name in ("len", "penalty_factor", "log"):
             if getattr(buf, name) != getattr(default, name):
                 raise ValueError(f"{key}.{name} takes effect only with {key}.enable=true")
         return
-    limit = cfg.rollout.sampling.max_new_tokens
     if not 0 < buf.len <= limit:
         raise ValueError(f"{key}.len={buf.len}: want 0 < len <= rollout.response_length={limit}")
     if buf.penalty_factor < 0:
@@ -330,7 +331,7 @@ def _check_overlong_buffer(cfg: AppConfig) -> None:
 def _check_reward_model(cfg: AppConfig) -> None:
     """The reward model's switches (its directory is checked with the data, before any model
     loads: :mod:`klppo_train.checks.preflight`)."""
-    _check_overlong_buffer(cfg)
+    _check_overlong_buffer(cfg.reward_model.overlong_buffer, cfg.rollout.sampling.max_new_tokens)
     rm = cfg.reward_model
     if rm.enable and not (rm.path or rm.source):
         raise ValueError("reward_model.enable=true needs reward_model.path (or a .source recipe)")
