@@ -3,6 +3,7 @@
 PPO steps by verl's key names, each loss mode's keys change the step, and bad combinations
 fail before any model loads."""
 
+import functools
 import math
 
 import pytest
@@ -25,6 +26,11 @@ OFF_POLICY = ["actor.ppo_mini_batch_size=2", "algorithm.use_kl_in_reward=false"]
 
 
 def steps(extra: list[str], count: int = 1) -> list[dict]:
+    return _steps(tuple(extra), count)
+
+
+@functools.cache  # the same seeded steps serve several tests (the vanilla and base runs)
+def _steps(extra: tuple[str, ...], count: int) -> list[dict]:
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
     _, c = components(tokenizer, tuple([*OFF_POLICY, *extra]))
