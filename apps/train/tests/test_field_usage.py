@@ -95,7 +95,8 @@ def _vllm_run(tmp_path: Path) -> list[str]:
     correction's bypass mode (weights and rejection in the loss), budgets
     (one of them ``auto``: probed, which reads ``trainer.memory_limit_gib``); a reward model
     (trained first by :func:`_reward_model_recipe`) scoring (normalized on the reference's
-    samples, combined with the rule) and starting the critic (LoRA on its backbone)."""
+    samples, combined with the rule; with itself as a second member of an ensemble) and
+    starting the critic (LoRA on its backbone)."""
     run = tmp_path / "a"
     rm = tmp_path / "rm_served"  # missing: the recipe trains it, its export is copied here
     return [
@@ -107,6 +108,8 @@ def _vllm_run(tmp_path: Path) -> list[str]:
         "reward_model.combine=sum",
         "reward_model.use_dynamic_bsz=false",
         "reward_model.missing_eos_penalty=0.5",
+        f"reward_model.ensemble.paths=[{rm}]",  # exists once the recipe has trained it
+        "reward_model.ensemble.reduce=mean",
         f"critic.model_path={rm}",
         f"trainer.run_dir={run}",
         f"data.train_files=[{run}/data/train.parquet]",
@@ -208,6 +211,7 @@ def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
             "rollout_correction",
             "policy_loss",
             "overlong_buffer",
+            "ensemble",
             "sampling",
             "vllm",
             "hf",

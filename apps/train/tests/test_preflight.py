@@ -409,6 +409,34 @@ def test_a_bad_reward_model_directory_exits_2(run, capsys, tmp_path) -> None:
     _exit_2_matching(run, capsys, critic, "critic.model_path=.*no HF model directory")
 
 
+def test_a_bad_ensemble_member_exits_2(run, capsys, tmp_path) -> None:
+    """Each member is a reward-model directory that reads reward_model.path's token ids and
+    stores the mean/std its scores are standardized by (the first member's too)."""
+    good = _tiny_model_dir(tmp_path / "good", reward_model=True, stats=True)
+    bare = _tiny_model_dir(tmp_path / "bare", reward_model=True)
+    other = _tiny_model_dir(tmp_path / "other", reward_model=True, stats=True)
+    (other / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    capsys.readouterr()  # their saves' progress bars
+    on = ["reward_model.enable=true"]
+    member = r"reward_model.ensemble.paths\[0\]="
+    cases = [
+        ([f"reward_model.path={good}", f"reward_model.ensemble.paths=[{tmp_path / 'none'}]"],
+         member + ".*no HF model directory"),
+        ([f"reward_model.path={good}", f"reward_model.ensemble.paths=[{bare}]"],
+         member + ".*holds no mean/std"),
+        ([f"reward_model.path={bare}", f"reward_model.ensemble.paths=[{good}]"],
+         "reward_model.path=.*holds no mean/std"),
+        ([f"reward_model.path={good}", f"reward_model.ensemble.paths=[{other}]"],
+         member + ".*tokenizer or chat template differs"),
+        ([f"reward_model.path={good}", "reward_model.ensemble.reduce=max"],
+         "reward_model.ensemble.reduce='max'; valid: min, mean"),
+    ]  # fmt: skip
+    for args, match in cases:
+        _exit_2_matching(run, capsys, [*on, *args], match)
+    off = [f"reward_model.ensemble.paths=[{good}]"]
+    _exit_2_matching(run, capsys, off, "no reward model to join")
+
+
 HEAVY = ("torch", "transformers", "vllm")
 # What main() answers before torch, transformers or vLLM is imported: a typo'd key, a
 # structurally bad data row, --help. In a fresh interpreter: this test process has torch.

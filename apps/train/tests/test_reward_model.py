@@ -314,6 +314,75 @@ def test_an_injected_oom_in_the_reward_model_pass_backs_off() -> None:
     torch.testing.assert_close(scores, c.reward_model.scoring.compute(t, 11), rtol=0, atol=1e-6)
 
 
+# ------------------------------------------------------------------ ensembles
+
+
+def _stored(path: Path, mean: float, std: float) -> str:
+    """A reward-model directory's config as far as the ensemble reads it: its stored
+    mean/std (the tiny members themselves are built in memory by ``components``)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"mean": mean, "std": std}))
+    return str(path)
+
+
+def _ensemble(tmp_path: Path, reduce: str, *extra: str):
+    a, b = _stored(tmp_path / "a", 0.5, 2.0), _stored(tmp_path / "b", -1.0, 0.25)
+    keys = (f"reward_model.path={a}", f"reward_model.ensemble.paths=[{b}]")
+    return components(
+        build_tokenizer(),
+        (*RM_ON, *keys, f"reward_model.ensemble.reduce={reduce}", *extra),
+    )[1]
+
+
+def test_an_ensemble_reduces_its_standardized_members(tmp_path) -> None:
+    """Each member standardized by its own stored mean/std, then their minimum (or mean) is
+    the score the reward and its metrics see; the probe measures one member."""
+    gen = torch.Generator().manual_seed(0)
+    ids, mask = prompt_response_batch([6, 3, 5, 6], [5, 2, 4, 1], P, T, VOCAB, generator=gen)
+    t = Trajectories(ids, mask, mask[:, P:], torch.zeros(4, T), torch.arange(4))
+    c = _ensemble(tmp_path, "min", "reward_model.clip_range=0")
+    first, second = c.reward_model.scoring.members
+    raw = c.reward_model.scoring(t, c.budgets, 1)
+    want = torch.stack([(first.compute(t, 99) - 0.5) / 2.0, (second.compute(t, 99) + 1) / 0.25], 1)
+    torch.testing.assert_close(raw, want, rtol=0, atol=1e-6)
+    assert (raw[:, 0] != raw[:, 1]).all()  # two different models
+    reward, metrics = c.reward_model.reward(raw, None, t)
+    torch.testing.assert_close(reward, want.min(1).values, rtol=0, atol=0)
+    assert metrics["reward_model/member1/score/mean"] == pytest.approx(float(want[:, 1].mean()))
+    spread = float(want.std(1).mean())
+    assert metrics["reward_model/ensemble/disagreement"] == pytest.approx(spread)
+    assert c.pass_for("reward_model") is first
+    mean = _ensemble(tmp_path, "mean", "reward_model.clip_range=0").reward_model
+    torch.testing.assert_close(mean.reward(raw, None, t)[0], want.mean(1), rtol=0, atol=1e-6)
+    # normalize=stored: the members are standardized already, nothing more is applied
+    stored = _ensemble(tmp_path, "min", "reward_model.normalize=stored").reward_model
+    assert (stored.mean, stored.std) == (0.0, 1.0)
+
+
+def test_an_ensemble_in_the_step_and_in_the_reference_normalization(tmp_path) -> None:
+    """The step rewards the members' minimum (below their mean); Ziegler's normalization
+    applies to the reduced score."""
+    from klppo_train.ppo.step import ppo_step
+
+    tokenizer = build_tokenizer()
+    items = PromptDataset(make_arithmetic_rows(8, seed=0), tokenizer, DataConfig()).items
+    scores = {}
+    for reduce in ("min", "mean"):
+        c = _ensemble(tmp_path, reduce, "reward_model.clip_range=0")
+        metrics = ppo_step(c, items[:4], step=1)
+        scores[reduce] = metrics["reward_model/score/mean"]
+        assert metrics["critic/score/mean"] == pytest.approx(scores[reduce], abs=1e-5)
+        assert metrics["reward_model/ensemble/disagreement"] > 0
+    assert scores["min"] < scores["mean"]
+    normalized = ("reward_model.normalize=reference", "reward_model.normalize_samples=8")
+    c = _ensemble(tmp_path, "min", *normalized, "reward_model.clip_range=0")
+    calibrate_reward_model(c, items)
+    mine, t, _ = c.rollouts.generate(items[:4], 0, range(4))
+    score = c.reward_model.score(c.reward_model.scoring(t, c.budgets, 0, mine), t).double()
+    assert float(score.mean()) == pytest.approx(0.0, abs=1e-5)
+    assert float(score.std()) == pytest.approx(1.0, abs=1e-5)
+
+
 # ------------------------------------------------------------------ re-templating
 
 

@@ -55,12 +55,22 @@ def scalar_head_model(actor, seed: int, bias: bool = True) -> Qwen2ForTokenClass
 def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
     """``(cfg, Components)`` around plain (unsharded) tiny models, built by the trainer's
     own :class:`klppo_train.trainer.assemble.StepBuilder` from the config with ``extra``
-    overrides (``reward_model.enable=true``: a random reward model too)."""
+    overrides (``reward_model.enable=true``: a random reward model too, and one more per
+    ``reward_model.ensemble.paths`` entry, each drawn from its own seed)."""
     actor = build_model(len(tokenizer), seed=0, hidden=64)
     critic = scalar_head_model(actor, seed=1)
     cfg = load_config(None, [*OVERRIDES, *extra])
     rm = scalar_head_model(actor, seed=2, bias=False) if cfg.reward_model.enable else None
-    for model in (actor, critic, rm):  # as the trainer builds them (share_prompts needs it)
+    members = [
+        scalar_head_model(actor, seed=10 + i, bias=False).eval()
+        for i, _ in enumerate(cfg.reward_model.ensemble.paths)
+    ]
+    for model in (
+        actor,
+        critic,
+        rm,
+        *members,
+    ):  # as the trainer builds them (share_prompts needs it)
         if model is not None:
             model.set_attn_implementation(VARLEN)
     validate_config(cfg)
@@ -74,6 +84,7 @@ def components(tokenizer, extra: tuple[str, ...] = ()) -> tuple:
         ref=copy.deepcopy(actor).eval(),
         critic=critic,
         reward_model=rm.eval() if rm is not None else None,
+        ensemble=members,
         rm_tokenizer=tokenizer,
     )
     if not any(configured(cfg, role) == AUTO for role in run_roles(cfg)):  # else the probe's

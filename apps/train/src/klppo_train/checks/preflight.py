@@ -18,7 +18,7 @@ from typing import Any
 from klppo_train.budgets.faults import FAULTS
 from klppo_train.checks.validate import sequence_parallel_size, validate_config
 from klppo_train.config.errors import UserError, user_errors
-from klppo_train.config.schema import AppConfig, TrainerConfig
+from klppo_train.config.schema import AppConfig, RewardModelConfig, TrainerConfig
 from klppo_train.data import sources
 from klppo_train.data.datasets import PromptDataset, read_rows
 from klppo_train.data.pairs import PairDataset, read_pairs
@@ -201,7 +201,7 @@ def reward_model_missing(cfg: AppConfig) -> bool:
     return bool(rm.enable and rm.source) and not (path / "config.json").is_file()
 
 
-def _reward_model_dir(cfg: AppConfig, key: str, path_str: str):
+def _reward_model_dir(key: str, path_str: str):
     """A reward model's directory, checked (``key`` names it); its tokenizer."""
     path = Path(path_str).expanduser()
     if not (path / "config.json").is_file():
@@ -230,7 +230,7 @@ def _reward_model_checks(cfg: AppConfig, tokenizer):
     rm = cfg.reward_model
     if not rm.enable:
         return None
-    rm_tokenizer = _reward_model_dir(cfg, "reward_model.path", rm.path)
+    rm_tokenizer = _reward_model_dir("reward_model.path", rm.path)
     if rm.normalize == "stored" and stored_normalization(Path(rm.path).expanduser()) is None:
         raise UserError(
             f"reward_model.normalize=stored: {rm.path}/config.json holds no mean/std (use "
@@ -241,7 +241,35 @@ def _reward_model_checks(cfg: AppConfig, tokenizer):
             "reward_model.retemplate=never: the reward model's vocabulary differs from the "
             "policy's, so it cannot read the policy's token ids (use auto)"
         )
+    _ensemble_checks(rm, rm_tokenizer)
     return rm_tokenizer
+
+
+def _ensemble_checks(rm: RewardModelConfig, rm_tokenizer) -> None:
+    """``reward_model.ensemble.paths``: reward-model directories that read what
+    ``reward_model.path`` reads (its tokenizer and chat template); every member, the first
+    too, with the stored mean/std its scores are standardized by before the reduce."""
+    paths = rm.ensemble.paths
+    if not paths:
+        return
+    members = {"reward_model.path": rm.path}
+    members |= {f"reward_model.ensemble.paths[{i}]": path for i, path in enumerate(paths)}
+    for key, path in members.items():
+        if key != "reward_model.path":
+            tokenizer = _reward_model_dir(key, path)
+            same = tokenizer.get_vocab() == rm_tokenizer.get_vocab() and getattr(
+                tokenizer, "chat_template", None
+            ) == getattr(rm_tokenizer, "chat_template", None)
+            if not same:
+                raise UserError(
+                    f"{key}={path!r}: its tokenizer or chat template differs from "
+                    "reward_model.path's (the members score the same token ids)"
+                )
+        if stored_normalization(Path(path).expanduser()) is None:
+            raise UserError(
+                f"{key}={path!r}: its config.json holds no mean/std, which an ensemble's "
+                "members are standardized by (klppo's reward-model exports hold them)"
+            )
 
 
 def _critic_tokenizer(cfg: AppConfig):

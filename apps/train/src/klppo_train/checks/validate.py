@@ -44,6 +44,7 @@ CHOICES = {
     "reward_model.retemplate": ("auto", "always", "never"),
     "reward_model.normalize": ("none", "stored", "reference"),
     "reward_model.combine": ("rm", "rule", "sum"),
+    "reward_model.ensemble.reduce": ("min", "mean"),
     "reward_training.lr_scheduler": SCHEDULES,
 }
 
@@ -339,6 +340,10 @@ def _check_reward_model(cfg: AppConfig) -> None:
         raise ValueError(
             f"reward_model.combine={rm.combine!r} with reward_model.enable=false: there is no "
             "reward-model score to combine"
+        )
+    if rm.ensemble.paths and not rm.enable:
+        raise ValueError(
+            "reward_model.ensemble.paths with reward_model.enable=false: no reward model to join"
         )
     if rm.source and not Path(rm.source).expanduser().is_file():
         raise ValueError(f"reward_model.source={rm.source!r}: no such recipe file")

@@ -342,6 +342,20 @@ class RewardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RewardEnsembleConfig:
+    """More reward models scored beside reward_model.path, their scores combined (Coste et al.,
+    2023, "Reward Model Ensembles Help Mitigate Overoptimization"): each member standardized
+    by its own stored mean/std (its config.json: klppo's exports hold them), then reduced."""
+
+    paths: list[str] = field(default_factory=list)
+    """The other members: reward-model directories like reward_model.path (trained from
+    another seed or on other pairs), read with reward_model.path's tokenizer; [] = one model."""
+    reduce: str = "min"
+    """min (worst-case optimization: a response scores what its least impressed member
+    says) | mean."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class OverlongBufferConfig:
     """DAPO's soft overlong punishment (verl's reward_model.overlong_buffer): a response longer
     than rollout.response_length − len loses reward linearly, penalty_factor at the limit
@@ -400,6 +414,8 @@ class RewardModelConfig:
     (reward-model score + rule_weight × rule reward)."""
     rule_weight: float = 1.0
     """combine=sum: the rule reward's weight."""
+    ensemble: RewardEnsembleConfig = field(default_factory=RewardEnsembleConfig)
+    """An ensemble of reward models (reward_model.ensemble.paths beside reward_model.path)."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO's overlong penalty on the sequence reward (with or without a reward model)."""
     fsdp: ShardingConfig = field(default_factory=ShardingConfig)
@@ -541,6 +557,7 @@ PATH_LISTS = (
     "data.val_files",
     "model.target_modules",
     "critic.target_modules",
+    "reward_model.ensemble.paths",
 )
 
 

@@ -74,7 +74,7 @@ class Components:
         """What the probe measures for ``role`` (its most demanding pass,
         ``ROLES[role].probed_pass``), or None when that pass does not run here."""
         name = ROLES[role].probed_pass
-        scoring = self.reward_model.scoring if self.reward_model is not None else None
+        scoring = self.reward_model.scoring_pass if self.reward_model is not None else None
         old = None if self.on_policy_shortcut else self.old_log_prob  # on-policy: not run
         forward = [p for p in (old, self.ref, self.values, scoring) if p]
         updates = [t for t in self.trainees() if t.update.name == name]

@@ -14,6 +14,11 @@ Rendered prompts keep their last ``max_prompt_length`` tokens and responses thei
 (none / the model's stored mean and std / Ziegler et al.'s, measured on the reference
 policy's samples at start-up), clipping, the missing-EOS penalty and the combination with
 the rule reward. It is a checkpointed ``Stateful`` (the normalization in force).
+
+:class:`RewardModelEnsemble` scores with several reward models (``reward_model.ensemble``):
+each member's raw score standardized by its own stored mean and std, one column per member
+(``[N, M]``); :class:`RewardModelReward` reduces the columns by their minimum or mean before
+anything else (Coste et al., 2023).
 """
 
 from __future__ import annotations
@@ -112,6 +117,41 @@ class RewardModelPass(ForwardPass):
         return self.run(budgets, step, lambda budget: self.compute(t, budget, items))
 
 
+@dataclass(frozen=True)
+class RewardModelEnsemble:
+    """Several reward models scoring the same responses (``reward_model.path`` first, then
+    ``reward_model.ensemble.paths``), run one after another within the ``reward_model``
+    role's budget (so the probe measures one member: :attr:`probed`).
+
+    Returns ``[N, M]``: member m's score standardized by its own stored statistics,
+    ``(raw_m − μ_m) / σ_m`` (each export's validation scores: ``config.json``'s mean/std),
+    so that members trained from different seeds or data score on one scale before
+    :meth:`RewardModelReward.combined` takes their minimum or mean.
+    """
+
+    members: tuple[RewardModelPass, ...]
+    standardize: tuple[tuple[float, float], ...]  # (μ_m, σ_m) per member
+
+    @property
+    def name(self) -> str:
+        return self.members[0].name
+
+    @property
+    def probed(self) -> RewardModelPass:
+        return self.members[0]
+
+    @torch.no_grad()
+    def compute(self, t: Trajectories, budget: int, items: Sequence = ()) -> torch.Tensor:
+        columns = [
+            (member.compute(t, budget, items) - mean) / std
+            for member, (mean, std) in zip(self.members, self.standardize, strict=True)
+        ]
+        return torch.stack(columns, dim=1)
+
+    def __call__(self, t: Trajectories, budgets: RunBudgets, step: int, items: Sequence = ()):
+        return self.probed.run(budgets, step, lambda budget: self.compute(t, budget, items))
+
+
 def ended(t: Trajectories, stop_ids: frozenset[int]) -> torch.Tensor:
     """``[N]`` bool: the response's last token is EOS or a configured stop token."""
     positions = torch.arange(t.response_mask.shape[1], device=t.response_mask.device)
@@ -128,11 +168,15 @@ class RewardModelReward:
     score = clip((raw − mean) / std, ±clip_range) − missing_eos_penalty · [no EOS/stop]
     reward = score (``combine=rm``) | rule (``rule``) | score + rule_weight · rule (``sum``)
 
+    With an ensemble (``scoring`` a :class:`RewardModelEnsemble`) ``raw`` is ``[N, M]`` and
+    is first reduced over the members: ``min_m`` (``reduce=min``: Coste et al.'s worst-case
+    optimization) or ``mean_m`` (``mean``); everything above then applies to the result.
+
     ``mean``/``std``: 0/1 (``normalize=none``), the model's stored ones (``stored``), or
     measured by :meth:`calibrate` (``reference``). Saves and loads them (a ``Stateful``).
     """
 
-    scoring: RewardModelPass
+    scoring: RewardModelPass | RewardModelEnsemble
     normalize: str = "none"
     normalize_samples: int = 256
     clip_range: float = 10.0
@@ -143,14 +187,26 @@ class RewardModelReward:
     mean: float = 0.0
     std: float = 1.0
     calibrated: dict[str, float] = field(default_factory=dict)
+    reduce: str = "min"  # an ensemble's members: min | mean
 
     @property
     def uses_rule(self) -> bool:
         return self.combine != "rm"
 
+    @property
+    def scoring_pass(self) -> RewardModelPass:
+        """The pass the budget probe measures (an ensemble's first member)."""
+        return getattr(self.scoring, "probed", self.scoring)
+
+    def combined(self, raw: torch.Tensor) -> torch.Tensor:
+        """``[N]``: raw scores as they are, or an ensemble's ``[N, M]`` reduced."""
+        if raw.dim() == 1:
+            return raw
+        return raw.min(dim=1).values if self.reduce == "min" else raw.mean(dim=1)
+
     def score(self, raw: torch.Tensor, t: Trajectories) -> torch.Tensor:
         """The reward model's part of the reward ``[N]`` (normalized, clipped, penalized)."""
-        score = (raw - self.mean) / self.std
+        score = (self.combined(raw) - self.mean) / self.std
         if self.clip_range:
             score = score.clamp(-self.clip_range, self.clip_range)
         if self.missing_eos_penalty:
@@ -166,7 +222,8 @@ class RewardModelReward:
             "reward_model/score/mean": float(score.mean()),
             "reward_model/score/max": float(score.max()),
             "reward_model/score/min": float(score.min()),
-            "reward_model/raw_score/mean": float(raw.mean()),
+            "reward_model/raw_score/mean": float(self.combined(raw).mean()),
+            **_member_metrics(raw),
         }
         if self.combine == "rule":
             return rule, metrics
@@ -176,7 +233,7 @@ class RewardModelReward:
 
     def set_normalization(self, scores: torch.Tensor) -> dict[str, float]:
         """Ziegler's: mean 0 / std 1 for these (the reference policy's) raw scores."""
-        scores = scores.double()
+        scores = self.combined(scores).double()
         self.mean, self.std = float(scores.mean()), float(scores.std().clamp(min=1e-6))
         self.calibrated = {"mean": self.mean, "std": self.std, "samples": float(len(scores))}
         return self.calibrated
@@ -187,3 +244,15 @@ class RewardModelReward:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.mean, self.std = float(state["mean"]), float(state["std"])
         self.calibrated = dict(state.get("calibrated", {}))
+
+
+def _member_metrics(raw: torch.Tensor) -> dict[str, float]:
+    """An ensemble's per-member (standardized) mean scores and their disagreement: the mean
+    over responses of the members' standard deviation (Coste et al.'s uncertainty)."""
+    if raw.dim() == 1:
+        return {}
+    metrics = {
+        f"reward_model/member{m}/score/mean": float(raw[:, m].mean()) for m in range(raw.shape[1])
+    }
+    metrics["reward_model/ensemble/disagreement"] = float(raw.std(dim=1).mean())
+    return metrics

@@ -11,7 +11,8 @@ nothing reads the config but the loop's own keys (steps, validation, checkpoints
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from klppo_train.ppo.shaping import OverlongShaping
 from klppo_train.reward_model.hf_dir import stored_normalization
 from klppo_train.reward_model.serve import (
     Retemplate,
+    RewardModelEnsemble,
     RewardModelPass,
     RewardModelReward,
     same_tokenization,
@@ -170,18 +172,25 @@ class StepBuilder:
             stop_ids=self.stop_ids(tokenizer),
         )
 
-    def reward_model(self, model: nn.Module, tokenizer, rm_tokenizer) -> RewardModelReward:
-        """The reward model's scoring pass and the reward built on it (``reward_model.*``)."""
+    def reward_model(
+        self, model: nn.Module, tokenizer, rm_tokenizer, ensemble: Sequence[nn.Module] = ()
+    ) -> RewardModelReward:
+        """The reward model's scoring pass (an ensemble's, with ``ensemble``: the other
+        members' models) and the reward built on it (``reward_model.*``)."""
         rm = self.cfg.reward_model
-        scoring = RewardModelPass(
-            name="reward_model",
-            micro_batch_size=static_micro_batch_size(self.cfg, "reward_model"),
-            model=model,
-            response_length=self.response_length,
-            share_prompts=False,
-            retemplate=self.retemplate(tokenizer, rm_tokenizer),
-        )
-        mean, std = stored_normalization(rm.path) if rm.normalize == "stored" else (0.0, 1.0)
+        retemplate = self.retemplate(tokenizer, rm_tokenizer)
+        passes = [self._scoring_pass(m, retemplate) for m in (model, *ensemble)]
+        scoring = passes[0]
+        if ensemble:
+            paths = (rm.path, *rm.ensemble.paths)
+            standardize = tuple(stored_normalization(Path(p).expanduser()) for p in paths)
+            scoring = RewardModelEnsemble(tuple(passes), standardize)
+            log.info(
+                "reward model: an ensemble of %d, reduced by %s", len(paths), rm.ensemble.reduce
+            )
+        # an ensemble's members are standardized already: "stored" has nothing left to apply
+        stored = rm.normalize == "stored" and not ensemble
+        mean, std = stored_normalization(rm.path) if stored else (0.0, 1.0)
         return RewardModelReward(
             scoring,
             normalize=rm.normalize,
@@ -193,6 +202,17 @@ class StepBuilder:
             rule_weight=rm.rule_weight,
             mean=mean,
             std=std,
+            reduce=rm.ensemble.reduce,
+        )
+
+    def _scoring_pass(self, model: nn.Module, retemplate: Retemplate | None) -> RewardModelPass:
+        return RewardModelPass(
+            name="reward_model",
+            micro_batch_size=static_micro_batch_size(self.cfg, "reward_model"),
+            model=model,
+            response_length=self.response_length,
+            share_prompts=False,
+            retemplate=retemplate,
         )
 
     def components(
@@ -206,6 +226,7 @@ class StepBuilder:
         ref: nn.Module | None = None,
         critic: nn.Module | None = None,
         reward_model: nn.Module | None = None,
+        ensemble: Sequence[nn.Module] = (),
         rm_tokenizer=None,
         update_flops_per_token: float = 0.0,
         export_actor: Callable[..., Any] | None = None,
@@ -243,7 +264,7 @@ class StepBuilder:
             values=self.forward_pass("values", critic, values=True) if has_critic else None,
             critic=self.trainee("critic", critic, self.value_loss()) if has_critic else None,
             reward_model=(
-                self.reward_model(reward_model, tokenizer, rm_tokenizer)
+                self.reward_model(reward_model, tokenizer, rm_tokenizer, ensemble)
                 if reward_model is not None
                 else None
             ),

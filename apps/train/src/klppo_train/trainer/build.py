@@ -168,12 +168,12 @@ def _reference(cfg: AppConfig, model_dir: Path, compute: Precision, actor, lora:
     return shard_model(ref, sharding)
 
 
-def _reward_model(cfg: AppConfig, compute: Precision):
-    """The frozen reward model (``reward_model.path``), stored in the compute dtype like the
-    reference; None without ``reward_model.enable``."""
+def _reward_model(cfg: AppConfig, compute: Precision, path: str = ""):
+    """The frozen reward model (``reward_model.path``, or ``path``: an ensemble member),
+    stored in the compute dtype like the reference; None without ``reward_model.enable``."""
     if not cfg.reward_model.enable:
         return None
-    path = Path(cfg.reward_model.path).expanduser()
+    path = Path(path or cfg.reward_model.path).expanduser()
     sharding = role_sharding(cfg.reward_model.fsdp, compute.dtype)
     model = _load(
         cfg, AutoModelForTokenClassification, path, sharding.mixed_precision.param,
@@ -194,11 +194,13 @@ def build_components(
     ref = _reference(cfg, model_dir, compute, actor, lora)
     critic = _critic(cfg, model_dir, compute) if cfg.critic.enable else None
     reward_model = _reward_model(cfg, compute)
+    ensemble = [_reward_model(cfg, compute, path) for path in cfg.reward_model.ensemble.paths]
     engine = build_engine(cfg, model_dir, tokenizer, compute)
     sync = _weight_sync(actor, engine, model_dir, compute, lora)
     return StepBuilder(cfg).components(
         actor=actor, engine=engine, weight_sync=sync,
         tokenizer=tokenizer, rewards=rewards, ref=ref, critic=critic, reward_model=reward_model,
+        ensemble=ensemble,
         rm_tokenizer=rm_tokenizer, update_flops_per_token=flops,
         export_actor=_actor_export(actor, tokenizer, model_dir, lora),
     )  # fmt: skip

@@ -100,7 +100,10 @@ def _build(cfg: AppConfig, checked: Checked, model_dir: Path) -> tuple[Evaluatio
     e = Evaluation(engine, plan, checked.tokenizer, checked.rewards)
     if cfg.reward_model.enable:
         model = _reward_model(cfg, compute)
-        e.reward_model = builder.reward_model(model, checked.tokenizer, checked.rm_tokenizer)
+        members = [_reward_model(cfg, compute, p) for p in cfg.reward_model.ensemble.paths]
+        e.reward_model = builder.reward_model(
+            model, checked.tokenizer, checked.rm_tokenizer, members
+        )
         value, sequence = configured(cfg, "reward_model"), longest_sequence(cfg)
         # auto only with static micro-batches (checked), where the budget is not read
         unread = {"reward_model": (3 * sequence, "static")} if value == AUTO else {}
