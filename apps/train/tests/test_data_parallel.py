@@ -190,3 +190,23 @@ def test_balancing_evens_tokens_and_keeps_groups_whole(tmp_path: Path) -> None:
     assert before > 1.5 and after < 1.05, (before, after)
     tokens = [r["tokens"] for r in ranks]
     assert max(tokens) / (sum(tokens) / 2) == pytest.approx(after)
+
+
+@pytest.mark.slow  # two PPO steps at world size 1 and 2
+def test_dynamic_sampling_is_the_same_at_world_size_1_and_2(tmp_path: Path) -> None:
+    """DAPO's dynamic sampling: each rank filters its share of every generation round; the
+    kept groups, their places in the step and so every metric are one process's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    dapo = ("algorithm.filter_groups.enable=true", "trainer.total_training_steps=2")
+    alone = _train(one, one / "data", [sys.executable], *dapo)
+    shutil.copytree(one / "model", two / "model")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    split = _train(two, one / "data", torchrun, *dapo)
+    assert [r["step"] for r in split] == [r["step"] for r in alone] == [0, 1, 2]
+    rounds = ("train/num_gen_batches", "train/kept_groups", "train/dropped_groups")
+    for a, b in zip(alone[1:], split[1:], strict=True):
+        _same(a, b)
+        assert [a[k] for k in rounds] == [b[k] for k in rounds]
+    # the embedded default's first steps answer most prompts all wrong: rounds were dropped
+    assert all(r["train/dropped_groups"] > 0 for r in alone[1:])
+    assert all(r["train/num_gen_batches"] >= 2 for r in alone[1:])

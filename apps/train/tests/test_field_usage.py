@@ -33,7 +33,11 @@ MODE_KEYS = {"ActorConfig.tau_pos", "ActorConfig.tau_neg"} | {
     f"PolicyLossConfig.{k}"
     for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
 }
-REWARD = "def score(data_source, solution_str, ground_truth, extra_info):\n    return 0.5\n"
+# a coin from the response's length: varies within most groups (dynamic sampling keeps them)
+REWARD = (
+    "def score(data_source, solution_str, ground_truth, extra_info):\n"
+    "    return float(len(solution_str) % 2)\n"
+)
 
 
 def _reads(tmp_path: Path, name: str, args: list[str]) -> set[str]:
@@ -139,10 +143,10 @@ def _vllm_run(tmp_path: Path) -> list[str]:
 
 def _hf_run(tmp_path: Path) -> list[str]:
     """The other choices: GRPO without a critic, KL in the loss, static micro-batches, a
-    custom reward shaped by DAPO's overlong penalty, epochs instead of steps, an overlong
-    prompt filtered out, LoRA on two of the layers (the reference: the actor without its
-    adapters), decoupled rollout correction (its old-log-prob pass reads the static
-    micro-batch size)."""
+    custom reward shaped by DAPO's overlong penalty and filtered by its dynamic sampling,
+    epochs instead of steps, an overlong prompt filtered out, LoRA on two of the layers (the
+    reference: the actor without its adapters), decoupled rollout correction (its
+    old-log-prob pass reads the static micro-batch size)."""
     run = tmp_path / "b"
     long = {**make_arithmetic_rows(1, seed=9, template=COMPACT)[0]}
     long["prompt"] = [{"role": "user", "content": "9" * 100}]
@@ -179,6 +183,9 @@ def _hf_run(tmp_path: Path) -> list[str]:
         "reward_model.overlong_buffer.len=2",
         "reward_model.overlong_buffer.penalty_factor=0.5",
         "reward_model.overlong_buffer.log=true",
+        "algorithm.filter_groups.enable=true",  # DAPO's dynamic sampling on the shaped reward
+        "algorithm.filter_groups.metric=seq_reward",
+        "algorithm.filter_groups.max_num_gen_batches=10",
     ]
 
 
@@ -212,6 +219,7 @@ def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
             "policy_loss",
             "overlong_buffer",
             "ensemble",
+            "filter_groups",
             "sampling",
             "vllm",
             "hf",

@@ -22,7 +22,14 @@ from klppo_train.config.choices import (
     VARLEN,
 )
 from klppo_train.config.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
-from klppo_train.config.schema import AppConfig, ModelConfig, OverlongBufferConfig, TrainerConfig
+from klppo_train.config.schema import (
+    AppConfig,
+    FilterGroupsConfig,
+    ModelConfig,
+    OverlongBufferConfig,
+    RewardModelConfig,
+    TrainerConfig,
+)
 from klppo_train.data import sources
 from klppo_train.runtime.allocator import check_allocator
 from klppo_train.tracking.backends import check_loggers
@@ -370,6 +377,7 @@ def _check_algorithm(cfg: AppConfig) -> None:
     _check_kl_control(cfg)
     _check_rollout_correction(cfg)
     check_policy_loss(cfg.actor, cfg.algorithm.rollout_correction)
+    _check_filter_groups(cfg.algorithm.filter_groups, cfg.reward_model)
     estimator = cfg.algorithm.adv_estimator
     if estimator in REFUSED_ESTIMATORS:
         raise ValueError(
@@ -382,6 +390,29 @@ def _check_algorithm(cfg: AppConfig) -> None:
         raise ValueError(
             f"algorithm.adv_estimator={estimator} compares samples of one prompt: "
             f"rollout.n must be >= 2, got {cfg.rollout.sampling.n}"
+        )
+
+
+FILTER_METRICS = ("acc", "score", "seq_reward")
+
+
+def _check_filter_groups(fg: FilterGroupsConfig, rm: RewardModelConfig) -> None:
+    """DAPO's dynamic sampling scores each generation round with the rule reward."""
+    key = "algorithm.filter_groups"
+    if fg.metric == "seq_final_reward":
+        raise ValueError(
+            f"{key}.metric=seq_final_reward is not run by klppo: the reward after the KL "
+            "penalty needs the reference's pass on every generated sample, dropped ones too "
+            "(use seq_reward)"
+        )
+    if fg.metric not in FILTER_METRICS:
+        raise ValueError(f"{key}.metric={fg.metric!r}; valid: {', '.join(FILTER_METRICS)}")
+    if fg.max_num_gen_batches < 0:
+        raise ValueError(f"{key}.max_num_gen_batches must be >= 0 (0 = no limit)")
+    if fg.enable and rm.enable and rm.combine != "rule":
+        raise ValueError(
+            f"{key}.enable=true with reward_model.combine={rm.combine}: the groups are "
+            "filtered on the rule reward, not on a reward model's score (use combine=rule)"
         )
 
 

@@ -306,6 +306,24 @@ class RolloutCorrectionConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups): a prompt whose samples all
+    score alike teaches nothing (its group advantages are 0), so such groups are dropped and
+    the next batches of prompts are generated until data.train_batch_size prompts are kept
+    (ppo/dynamic_sampling.py)."""
+
+    enable: bool = False
+    """Drop constant-reward groups and generate more prompts until the batch is full."""
+    metric: str = "acc"
+    """What must vary within a group: acc (the rule reward) | score | seq_reward (the rule
+    reward shaped, e.g. by the overlong penalty). verl's seq_final_reward (after the KL
+    penalty) is refused: the KL needs the reference's pass on every generated sample."""
+    max_num_gen_batches: int = 0
+    """Generation rounds a step may take before the run stops with the reason (0 = no
+    limit, as in verl)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     """Rewards to advantages."""
 
@@ -327,6 +345,8 @@ class AlgorithmConfig:
     """The controller of the KL in the reward's β."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Importance weights and rejection for the engine/trainer mismatch (off by default)."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling (off by default)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+
 from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptItem
 from klppo_train.ppo.balance import balance_rollouts
@@ -23,7 +25,7 @@ from klppo_train.runtime.engine import RolloutStats, Sampling
 from klppo_train.runtime.process_group import rank_span
 from klppo_train.runtime.sequence_parallel import SequenceParallel, shared
 from klppo_train.workers.trajectories import Trajectories, trajectories
-from rollout import RolloutEngine, WeightPublisher
+from rollout import RolloutBatch, RolloutEngine, WeightPublisher
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,13 @@ class StepPlan:
 class Collected:
     """One step's rollouts on this rank: its prompts (``items``, indexed by the
     trajectories' ``prompt_index``), the trajectories, and the collection's metrics
-    (``timing_s/gen``, ``timing_s/sleep``, balance, the engine's counters)."""
+    (``timing_s/gen``, ``timing_s/sleep``, balance, the engine's counters); ``rule``: their
+    rule rewards ``[N]`` where the source scored them (dynamic sampling), else None."""
 
     items: list[PromptItem]
     trajectories: Trajectories
     metrics: dict[str, float]
+    rule: torch.Tensor | None = None
 
 
 class RolloutSource(Protocol):
@@ -89,26 +93,44 @@ class ColocatedRollouts:
         """``(items, trajectories, balance metrics)``: rollouts of this rank's ``items`` (the
         step's prompts ``span``), re-split over the ranks by tokens when
         ``trainer.balance_batch``."""
-        plan = self.plan
+        items, t, balance, _ = self.lay_out(items, self.sample(items, step, span), list(span))
+        return items, t, balance
+
+    def sample(self, items: Sequence[PromptItem], step: int, span: Sequence[int]) -> RolloutBatch:
+        """The engine's samples of this rank's ``items`` (the step's prompts ``span``: their
+        positions, which seed them)."""
         batch = self.engine.generate(
             [list(i.prompt_ids) for i in items],
-            plan.sampling.for_step(step),
-            seeds=plan.sampling.request_seeds(step, span),
+            self.plan.sampling.for_step(step),
+            seeds=self.plan.sampling.request_seeds(step, span),
         )
-        batch = shared(batch, plan.sp)
+        return shared(batch, self.plan.sp)
+
+    def lay_out(
+        self,
+        items: Sequence[PromptItem],
+        batch: RolloutBatch,
+        positions: list[int],
+        canonical: Sequence[int] | None = None,
+    ):
+        """``(items, trajectories, balance metrics, positions)``: samples as trajectories,
+        re-split over the ranks by tokens when ``trainer.balance_batch`` (a collective).
+        ``positions``: the prompts' among the ranks' prompts in rank order (after the
+        re-split, the returned ones); ``canonical``: each such position's place in the
+        step's batch where the two differ (dynamic sampling's kept prompts)."""
         balance: dict[str, float] = {}
-        positions = list(span)
-        if plan.balance_batch:
+        if self.plan.balance_batch:
             items, batch, balance, positions = balance_rollouts(items, batch)
+        placed = positions if canonical is None else [canonical[p] for p in positions]
         t = trajectories(
             [i.prompt_ids for i in items],
             batch,
             pad_token_id=self.pad_token_id,
-            response_length=plan.response_length,
+            response_length=self.plan.response_length,
             device=default_device(),
-            positions=positions,
+            positions=placed,
         )
-        return list(items), t, balance
+        return list(items), t, balance, positions
 
     def collect(self, items: Sequence[PromptItem], step: int) -> Collected:
         span = rank_span(len(items))
@@ -117,10 +139,15 @@ class ColocatedRollouts:
         mine, t, metrics = self.generate(items[span.start : span.stop], step, span)
         metrics.update(self.stats.since(counted) if self.stats else {})
         metrics["timing_s/gen"] = time.perf_counter() - start
-        start = time.perf_counter()
-        self.engine.sleep()  # free the engine's GPU memory for the passes
-        metrics["timing_s/sleep"] = time.perf_counter() - start
+        metrics.update(self.rest())
         return Collected(mine, t, metrics)
+
+    def rest(self) -> dict[str, float]:
+        """The engine sleeps (frees its GPU memory for the passes) once the step's samples
+        are in: ``timing_s/sleep``."""
+        start = time.perf_counter()
+        self.engine.sleep()
+        return {"timing_s/sleep": time.perf_counter() - start}
 
     def resume(self, version: int) -> None:
         self.publisher.sync(version=version)

@@ -30,6 +30,7 @@ import torch
 
 from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptItem
+from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import advantage_metrics, explained_variance
 from klppo_train.ppo.components import Components
 from klppo_train.runtime.process_group import (
@@ -53,28 +54,37 @@ class Timings(dict):
         self[f"timing_s/{stage}"] = time.perf_counter() - start
 
 
-def rule_scores(c: Components, items: Sequence[PromptItem], t: Trajectories) -> torch.Tensor:
+def rule_scores(
+    tokenizer, rewards: RewardManager, items: Sequence[PromptItem], t: Trajectories
+) -> torch.Tensor:
     """The rule reward of each response ``[N]``."""
     scores = []
     for row, index in enumerate(t.prompt_index.tolist()):
         ids = t.response_ids[row][t.response_mask[row].bool()].tolist()
-        text = c.tokenizer.decode(ids, skip_special_tokens=True)
+        text = tokenizer.decode(ids, skip_special_tokens=True)
         item = items[index]
-        scores.append(c.rewards.score(item.data_source, text, item.ground_truth, item.extra_info))
+        scores.append(rewards.score(item.data_source, text, item.ground_truth, item.extra_info))
     return torch.tensor(scores, dtype=torch.float32, device=t.response_mask.device)
 
 
 def score_responses(
-    c: Components, items: Sequence[PromptItem], t: Trajectories, rm_raw: torch.Tensor | None
+    c: Components,
+    items: Sequence[PromptItem],
+    t: Trajectories,
+    rm_raw: torch.Tensor | None,
+    rule: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Sequence rewards on the last response token (``[N, T]``): the rule's, or the reward
-    model's (``rm_raw``: its raw scores) as ``reward_model.combine`` says, shaped
-    (``c.shaping``: DAPO's overlong penalty); its metrics."""
+    """Sequence rewards on the last response token (``[N, T]``): the rule's (``rule``: as
+    the rollout source scored them already, else scored here), or the reward model's
+    (``rm_raw``: its raw scores) as ``reward_model.combine`` says, shaped (``c.shaping``:
+    DAPO's overlong penalty); its metrics."""
     metrics: dict[str, float] = {}
+    needs_rule = c.reward_model is None or c.reward_model.uses_rule
+    if rule is None and needs_rule:
+        rule = rule_scores(c.tokenizer, c.rewards, items, t)
     if c.reward_model is None:
-        rewards = rule_scores(c, items, t)
+        rewards = rule
     else:
-        rule = rule_scores(c, items, t) if c.reward_model.uses_rule else None
         rewards, metrics = c.reward_model.reward(rm_raw, rule, t)
     if c.shaping is not None:
         rewards, shaped = c.shaping(rewards, t.response_mask)
@@ -125,11 +135,11 @@ def _reward_model_scores(c: Components, items, t: Trajectories, step: int, timed
 
 
 def _advantages(
-    c: Components, items, t: Trajectories, rm_raw: torch.Tensor | None
+    c: Components, items, t: Trajectories, rm_raw: torch.Tensor | None, rule: torch.Tensor | None
 ) -> tuple[Trajectories, torch.Tensor, dict]:
     """Stage 6: ``(trajectories with advantages and returns, scores, kl and reward-model
     metrics)``."""
-    scores, metrics = score_responses(c, items, t, rm_raw)
+    scores, metrics = score_responses(c, items, t, rm_raw, rule)
     rewards = scores
     if c.kl_in_reward is not None:
         rewards, kl = c.kl_in_reward(scores, t.old_logprobs, t.ref_logprobs, t.loss_mask)
@@ -171,7 +181,7 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
     if default_device().type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     collected = c.rollouts.collect(items, step)  # 1, 2
-    metrics = train_on(c, collected.items, collected.trajectories, step)  # 3–8
+    metrics = train_on(c, collected.items, collected.trajectories, step, collected.rule)  # 3–8
     metrics.update(c.rollouts.publish(step))  # 9, 10
     metrics.update(collected.metrics)
     timed["timing_s/step"] = time.perf_counter() - step_start
@@ -181,18 +191,23 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
 
 
 def train_on(
-    c: Components, items: Sequence[PromptItem], t: Trajectories, step: int
+    c: Components,
+    items: Sequence[PromptItem],
+    t: Trajectories,
+    step: int,
+    rule: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Stages 3–8 and their metrics: update the critic and the actor on trajectories ``t``
     (this rank's; ``items``: their prompts, indexed by ``t.prompt_index``), as update
-    ``step``. Calls no engine: where the trajectories came from is the caller's business."""
+    ``step``; ``rule``: their rule rewards ``[N]`` where the source scored them already.
+    Calls no engine: where the trajectories came from is the caller's business."""
     timed = Timings()
     retries_before = c.budgets.oom_retries
     t = _forward_passes(c, t, step, timed)  # 3, 4, 5
     t, kept, corrected = _rollout_correction(c, t)  # 5a
     rm_raw = _reward_model_scores(c, items, t, step, timed)  # 5b
     with timed("adv"):  # 6
-        t, scores, metrics = _advantages(c, items, t, rm_raw)
+        t, scores, metrics = _advantages(c, items, t, rm_raw, rule)
     metrics.update(corrected)
     updated = t if kept is None else replace(t, loss_mask=kept)
     if c.critic is not None:

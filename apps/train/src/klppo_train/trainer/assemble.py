@@ -10,6 +10,7 @@ nothing reads the config but the loop's own keys (steps, validation, checkpoints
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,10 +27,12 @@ from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
 from klppo_train.ppo.components import Components
+from klppo_train.ppo.dynamic_sampling import DynamicSampling, GroupFilter
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.rollout_correction import RolloutCorrection
-from klppo_train.ppo.rollouts import ColocatedRollouts, StepPlan
+from klppo_train.ppo.rollouts import ColocatedRollouts, RolloutSource, StepPlan
 from klppo_train.ppo.shaping import OverlongShaping
+from klppo_train.ppo.step import rule_scores
 from klppo_train.reward_model.hf_dir import stored_normalization
 from klppo_train.reward_model.serve import (
     Retemplate,
@@ -82,6 +85,20 @@ class StepBuilder:
         """Rollout correction that weighs π_old against π_rollout before the update."""
         rc = self.cfg.algorithm.rollout_correction
         return rc.enabled and not rc.bypass_mode
+
+    def sampled_prompts(self, c: Components, more: Callable[[], Sequence]) -> RolloutSource:
+        """The step's rollout source: ``c.rollouts``, or with ``algorithm.filter_groups``
+        DAPO's dynamic sampling over it, taking further prompts from ``more()``."""
+        fg = self.cfg.algorithm.filter_groups
+        if not fg.enable:
+            return c.rollouts
+        groups = GroupFilter(fg.metric, fg.max_num_gen_batches, c.shaping)
+        log.info(
+            "dynamic sampling: groups whose %s does not vary are dropped (at most %s "
+            "generation batches a step)", fg.metric, fg.max_num_gen_batches or "any number of",
+        )  # fmt: skip
+        score = functools.partial(rule_scores, c.tokenizer, c.rewards)
+        return DynamicSampling(c.rollouts, groups, more, score)
 
     def rollout_correction(self) -> RolloutCorrection | None:
         return RolloutCorrection.of(self.cfg.algorithm.rollout_correction)

@@ -108,6 +108,7 @@ class PPOTask:
             loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
             steps = total_steps(cfg.trainer, len(loader))
             builder = StepBuilder(cfg)
+            c.rollouts = builder.sampled_prompts(c, loader.next_batch)
             found = validation_metrics(checked.val, checked.rewards, cfg.reward_model.enable)
             return cls(
                 c, builder.configured_budgets(), builder.probe_shape(), loader,
