@@ -14,9 +14,10 @@ without a full batch stop the run with the reason (verl raises too; 0 = no limit
 Under torchrun each rank generates and filters its share of every round (seeded by the
 prompt's place, as every step's samples are); the kept groups' places are gathered, so all
 ranks take the same rounds and choose the same groups, which are then re-split over the
-ranks by tokens (``trainer.balance_batch``) at the places one process would give them: the
-step does not change with the world size. The rule scores travel with the rollouts
-(:attr:`Collected.rule`): the step does not score the samples again.
+ranks by tokens (whatever ``trainer.balance_batch`` says: the ranks keep different numbers)
+at the places one process would give them: the step does not change with the world size.
+The rule scores travel with the rollouts (:attr:`Collected.rule`): the step does not score
+the samples again.
 """
 
 from __future__ import annotations
@@ -156,8 +157,13 @@ class DynamicSampling:
         version = min((s.policy_version for s in samples), default=step - 1)
         batch = RolloutBatch(samples, policy_version=version)
         canonical = [order[key] for key in every["keys"]]
+        # re-split whatever trainer.balance_batch says: the ranks keep different numbers
         items, t, balance, positions = self.inner.lay_out(
-            [g.item for g in mine], batch, list(range(first, first + len(mine))), canonical
+            [g.item for g in mine],
+            batch,
+            list(range(first, first + len(mine))),
+            canonical,
+            rebalance=True,
         )
         rule = [r for p in positions for r in every["rule"][p]]
         return items, t, torch.tensor(rule, device=t.response_mask.device), balance

@@ -112,14 +112,16 @@ class ColocatedRollouts:
         batch: RolloutBatch,
         positions: list[int],
         canonical: Sequence[int] | None = None,
+        rebalance: bool | None = None,
     ):
         """``(items, trajectories, balance metrics, positions)``: samples as trajectories,
-        re-split over the ranks by tokens when ``trainer.balance_batch`` (a collective).
-        ``positions``: the prompts' among the ranks' prompts in rank order (after the
-        re-split, the returned ones); ``canonical``: each such position's place in the
-        step's batch where the two differ (dynamic sampling's kept prompts)."""
+        re-split over the ranks by tokens when ``rebalance`` (default
+        ``trainer.balance_batch``; a collective). ``positions``: the prompts' among the
+        ranks' prompts in rank order (after the re-split, the returned ones); ``canonical``:
+        each such position's place in the step's batch where the two differ (dynamic
+        sampling's kept prompts)."""
         balance: dict[str, float] = {}
-        if self.plan.balance_batch:
+        if self.plan.balance_batch if rebalance is None else rebalance:
             items, batch, balance, positions = balance_rollouts(items, batch)
         placed = positions if canonical is None else [canonical[p] for p in positions]
         t = trajectories(
