@@ -5,6 +5,7 @@ fail before any model loads."""
 
 import functools
 import math
+import zlib
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ from klppo_train.config.schema import load_config
 from klppo_train.data.datasets import PromptDataset
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.ppo.step import ppo_step
+from klppo_train.ppo.step import ppo_step, rule_scores, train_on
+from klppo_train.trainer.assemble import StepBuilder
 from ppo_core import POLICY_LOSS_MODES
 
 VERL = "actor_rollout_ref.actor."
@@ -33,10 +35,11 @@ def steps(extra: list[str], count: int = 1) -> list[dict]:
 def _steps(extra: tuple[str, ...], count: int) -> list[dict]:
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
-    _, c = components(tokenizer, tuple([*OFF_POLICY, *extra]))
+    cfg, c = components(tokenizer, tuple([*OFF_POLICY, *extra]))
     items = PromptDataset(
         make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
     ).items
+    c.rollouts = StepBuilder(cfg).sampled_prompts(c, lambda: items)  # as PPOTask builds it
     return [ppo_step(c, items, step=k + 1) for k in range(count)]
 
 
@@ -149,6 +152,7 @@ def test_the_estimators_give_their_own_advantages() -> None:
     got = {
         e: steps([*rm, f"algorithm.adv_estimator={e}"])[0]["critic/advantages/max"]
         for e in CRITIC_FREE
+        if e != "remax"  # its baseline is the rule's (refused with a reward model: below)
     }
     assert got["grpo_vectorized"] == got["grpo"] and got["rloo_vectorized"] == got["rloo"]
     distinct = {round(got[e], 6) for e in ("grpo", "grpo_passk", "rloo", "gpg")}
@@ -192,3 +196,47 @@ def test_overlong_penalty_by_verls_keys() -> None:
 def test_bad_overlong_keys_fail_before_any_model(extra: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         validate_config(load_config(None, ["rollout.response_length=4", *extra]))
+
+
+def test_remax_baselines_are_the_greedy_answers_rewards() -> None:
+    """Each sample's baseline is the rule reward of the greedy answer to its prompt (generated
+    again here, independently), and A_t = G_t − b at every response token."""
+    tokenizer = build_tokenizer()
+    extra = ("algorithm.adv_estimator=remax", "critic.enable=false", *OFF_POLICY)
+    cfg, c = components(tokenizer, extra)
+    c.rewards.custom = lambda source, text, truth, info: float(zlib.crc32(text.encode()) % 3)
+    items = PromptDataset(make_arithmetic_rows(4, seed=0), tokenizer, DataConfig()).items
+    c.rollouts = StepBuilder(cfg).sampled_prompts(c, lambda: items)
+    collected = c.rollouts.collect(items, step=1)
+    t, baselines = collected.trajectories, collected.baselines
+    greedy = c.engine.generate([list(i.prompt_ids) for i in items], c.plan.sampling.for_baseline(1))
+    answers = {s.prompt_index: tokenizer.decode(s.response_token_ids, skip_special_tokens=True)
+               for s in greedy.samples}  # fmt: skip
+    want = [float(zlib.crc32(answers[int(i)].encode()) % 3) for i in t.prompt_index]
+    assert baselines.tolist() == want and len(set(want)) > 1
+    assert collected.metrics["reward/greedy_baseline/mean"] == pytest.approx(
+        sum(want[::2]) / 4  # two samples a prompt, in prompt order
+    )
+    scores = rule_scores(tokenizer, c.rewards, collected.items, t)
+    metrics = train_on(c, collected.items, t, step=1, baselines=baselines)
+    lengths = t.loss_mask.sum(1).double()
+    mean = float(((scores.double() - baselines.double()) * lengths).sum() / lengths.sum())
+    assert metrics["critic/advantages/mean"] == pytest.approx(mean, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["algorithm.filter_groups.enable=true", "rollout.n=2"],
+            "remax with algorithm.filter_groups",
+        ),
+        (
+            ["reward_model.enable=true", "reward_model.path=rm"],
+            "remax with reward_model.combine=rm: .* scored by the rule reward",
+        ),
+    ],
+)
+def test_remax_combinations_it_cannot_run_fail_before_any_model(extra, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_config(load_config(None, ["algorithm.adv_estimator=remax", *extra]))

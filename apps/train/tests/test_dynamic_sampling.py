@@ -120,8 +120,10 @@ FG = "algorithm.filter_groups."
         ),
         ([f"{FG}metric=accuracy"], r"metric='accuracy'; valid: acc, score, seq_reward"),
         ([f"{FG}max_num_gen_batches=-1"], "max_num_gen_batches must be >= 0"),
+        ([f"{FG}metric=score"], r"metric takes effect only with .*enable=true"),
+        ([f"{FG}enable=true", "rollout.n=1"], "rollout.n=1: a group of one sample is always kept"),
         (
-            [f"{FG}enable=true", "reward_model.enable=true", "reward_model.path=rm"],
+            [f"{FG}enable=true", "rollout.n=2", "reward_model.enable=true", "reward_model.path=rm"],
             "enable=true with reward_model.combine=rm: .*filtered on the rule reward",
         ),
     ],
@@ -129,3 +131,10 @@ FG = "algorithm.filter_groups."
 def test_bad_filter_keys_fail_before_any_model(extra: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         validate_config(load_config(None, extra))
+
+
+def test_a_run_in_epochs_is_told_what_dynamic_sampling_does_to_them() -> None:
+    on = [f"{FG}enable=true", "algorithm.adv_estimator=grpo", "critic.enable=false", "rollout.n=2"]
+    advice = validate_config(load_config(None, [*on, "trainer.total_training_steps=0"]))
+    assert any("sees the data more often than total_epochs says" in a for a in advice)
+    assert not validate_config(load_config(None, [*on, "trainer.total_training_steps=5"]))

@@ -410,12 +410,17 @@ def test_a_bad_reward_model_directory_exits_2(run, capsys, tmp_path) -> None:
 
 
 def test_a_bad_ensemble_member_exits_2(run, capsys, tmp_path) -> None:
-    """Each member is a reward-model directory that reads reward_model.path's token ids and
-    stores the mean/std its scores are standardized by (the first member's too)."""
+    """Each member is a reward-model directory that reads reward_model.path's token ids, has
+    its shape and stores the mean/std its scores are standardized by (the first's too)."""
+    import json
+
     good = _tiny_model_dir(tmp_path / "good", reward_model=True, stats=True)
     bare = _tiny_model_dir(tmp_path / "bare", reward_model=True)
     other = _tiny_model_dir(tmp_path / "other", reward_model=True, stats=True)
     (other / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    wider = _tiny_model_dir(tmp_path / "wider", reward_model=True, stats=True)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "hidden_size": 128}))
     capsys.readouterr()  # their saves' progress bars
     on = ["reward_model.enable=true"]
     member = r"reward_model.ensemble.paths\[0\]="
@@ -430,6 +435,10 @@ def test_a_bad_ensemble_member_exits_2(run, capsys, tmp_path) -> None:
          member + ".*tokenizer or chat template differs"),
         ([f"reward_model.path={good}", "reward_model.ensemble.reduce=max"],
          "reward_model.ensemble.reduce='max'; valid: min, mean"),
+        ([f"reward_model.path={good}", f"reward_model.ensemble.paths=[{wider}]"],
+         member + ".*its hidden_size differ from reward_model.path's"),
+        ([f"reward_model.path={good}", "reward_model.ensemble.reduce=mean"],
+         "reduce takes effect only with reward_model.ensemble.paths"),
     ]  # fmt: skip
     for args, match in cases:
         _exit_2_matching(run, capsys, [*on, *args], match)

@@ -257,6 +257,7 @@ def _ensemble_checks(rm: RewardModelConfig, rm_tokenizer) -> None:
     for key, path in members.items():
         if key != "reward_model.path":
             tokenizer = _reward_model_dir(key, path)
+            _same_shape(key, path, rm.path)
             same = tokenizer.get_vocab() == rm_tokenizer.get_vocab() and getattr(
                 tokenizer, "chat_template", None
             ) == getattr(rm_tokenizer, "chat_template", None)
@@ -270,6 +271,23 @@ def _ensemble_checks(rm: RewardModelConfig, rm_tokenizer) -> None:
                 f"{key}={path!r}: its config.json holds no mean/std, which an ensemble's "
                 "members are standardized by (klppo's reward-model exports hold them)"
             )
+
+
+# What the budget probe's measurement of the first member stands for (members run one after
+# another within the reward_model role's token budget).
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
+
+
+def _same_shape(key: str, path: str, first: str) -> None:
+    configs = [
+        json.loads((Path(p).expanduser() / "config.json").read_text()) for p in (path, first)
+    ]
+    differ = [k for k in SHAPE_KEYS if configs[0].get(k) != configs[1].get(k)]
+    if differ:
+        raise UserError(
+            f"{key}={path!r}: its {', '.join(differ)} differ from reward_model.path's (the "
+            "members share the reward model's token budget, measured on the first)"
+        )
 
 
 def _critic_tokenizer(cfg: AppConfig):

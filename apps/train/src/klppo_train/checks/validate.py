@@ -348,6 +348,10 @@ def _check_reward_model(cfg: AppConfig) -> None:
             f"reward_model.combine={rm.combine!r} with reward_model.enable=false: there is no "
             "reward-model score to combine"
         )
+    if rm.ensemble.reduce != "min" and not rm.ensemble.paths:
+        raise ValueError(
+            "reward_model.ensemble.reduce takes effect only with reward_model.ensemble.paths"
+        )
     if rm.ensemble.paths and not rm.enable:
         raise ValueError(
             "reward_model.ensemble.paths with reward_model.enable=false: no reward model to join"
@@ -377,13 +381,15 @@ def _check_algorithm(cfg: AppConfig) -> None:
     _check_kl_control(cfg)
     _check_rollout_correction(cfg)
     check_policy_loss(cfg.actor, cfg.algorithm.rollout_correction)
-    _check_filter_groups(cfg.algorithm.filter_groups, cfg.reward_model)
+    _check_filter_groups(cfg.algorithm.filter_groups, cfg.reward_model, cfg.rollout.sampling.n)
     estimator = cfg.algorithm.adv_estimator
     if estimator in REFUSED_ESTIMATORS:
         raise ValueError(
             f"algorithm.adv_estimator={estimator} is not run by klppo yet: "
             f"{REFUSED_ESTIMATORS[estimator]}"
         )
+    if estimator == "remax":
+        _check_remax(cfg.algorithm.filter_groups, cfg.reward_model)
     if estimator == "gae" and not cfg.critic.enable:
         raise ValueError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
     if estimator in GROUP_ESTIMATORS and cfg.rollout.sampling.n < 2:
@@ -396,9 +402,15 @@ def _check_algorithm(cfg: AppConfig) -> None:
 FILTER_METRICS = ("acc", "score", "seq_reward")
 
 
-def _check_filter_groups(fg: FilterGroupsConfig, rm: RewardModelConfig) -> None:
-    """DAPO's dynamic sampling scores each generation round with the rule reward."""
+def _check_filter_groups(fg: FilterGroupsConfig, rm: RewardModelConfig, n: int) -> None:
+    """DAPO's dynamic sampling scores each generation round with the rule reward; its keys
+    take effect only when it is on."""
     key = "algorithm.filter_groups"
+    if fg.enable and n < 2:
+        raise ValueError(
+            f"{key}.enable=true with rollout.n={n}: a group of one sample is always kept, "
+            "so nothing would be filtered"
+        )
     if fg.metric == "seq_final_reward":
         raise ValueError(
             f"{key}.metric=seq_final_reward is not run by klppo: the reward after the KL "
@@ -409,10 +421,29 @@ def _check_filter_groups(fg: FilterGroupsConfig, rm: RewardModelConfig) -> None:
         raise ValueError(f"{key}.metric={fg.metric!r}; valid: {', '.join(FILTER_METRICS)}")
     if fg.max_num_gen_batches < 0:
         raise ValueError(f"{key}.max_num_gen_batches must be >= 0 (0 = no limit)")
+    if not fg.enable:
+        for name in ("metric", "max_num_gen_batches"):
+            if getattr(fg, name) != getattr(FilterGroupsConfig(), name):
+                raise ValueError(f"{key}.{name} takes effect only with {key}.enable=true")
     if fg.enable and rm.enable and rm.combine != "rule":
         raise ValueError(
             f"{key}.enable=true with reward_model.combine={rm.combine}: the groups are "
             "filtered on the rule reward, not on a reward model's score (use combine=rule)"
+        )
+
+
+def _check_remax(fg: FilterGroupsConfig, rm: RewardModelConfig) -> None:
+    """ReMax's baseline is the rule reward of a greedy answer, one more rollout source."""
+    if fg.enable:
+        raise ValueError(
+            "algorithm.adv_estimator=remax with algorithm.filter_groups.enable=true: the "
+            "greedy baselines and dynamic sampling do not run together yet"
+        )
+    if rm.enable and rm.combine != "rule":
+        raise ValueError(
+            f"algorithm.adv_estimator=remax with reward_model.combine={rm.combine}: the "
+            "greedy answer's baseline is scored by the rule reward, not by a reward model "
+            "(use combine=rule)"
         )
 
 
@@ -611,7 +642,21 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_sequence_parallel(config, world_size)
     # The sp ranks of a group hold the same samples: the data splits over the rest.
     _check_batch_sizes(config, world_size // config.actor.ulysses_sequence_parallel_size)
-    return _check_token_budgets(config)
+    advice = _epochs_advice(config.algorithm.filter_groups, config.trainer)
+    return _check_token_budgets(config) + advice
+
+
+def _epochs_advice(fg: FilterGroupsConfig, trainer: TrainerConfig) -> list[str]:
+    """Dynamic sampling consumes a loader batch per generation round, so a run measured in
+    epochs (steps = epochs × batches an epoch) passes over the data more often."""
+    if not fg.enable or trainer.total_training_steps:
+        return []
+    return [
+        "algorithm.filter_groups with trainer.total_epochs: the run takes total_epochs × "
+        "(batches an epoch) steps and each step may generate several batches, so it sees "
+        "the data more often than total_epochs says (trainer.total_training_steps bounds "
+        "the steps)"
+    ]
 
 
 def _on_cuda() -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 ADV_ESTIMATORS = (
     "gae", "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized",
-    "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
+    "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg", "remax",
 )  # fmt: skip
 """algorithm.adv_estimator (klppo_train.ppo.algorithm; the math: ppo_core.ADVANTAGE_ESTIMATORS)."""
 
@@ -14,8 +14,6 @@ GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vecto
 """Estimators that compare a prompt's samples with each other: they need rollout.n >= 2."""
 
 REFUSED_ESTIMATORS = {
-    "remax": "its baseline is the reward of a greedy response to each prompt, an extra "
-    "generation the step does not run yet",
     "optimal_token_baseline": "it needs Σπ² over the vocabulary at each response token from "
     "the old-log-prob pass, which the step does not compute yet",
     "tir_optimal_token_baseline": "it needs Σπ² over the vocabulary at each response token "

@@ -330,7 +330,8 @@ class AlgorithmConfig:
     adv_estimator: str = "gae"
     """gae (needs the critic) | grpo | grpo_passk | rloo | reinforce_plus_plus |
     reinforce_plus_plus_baseline | opo | gpg (and verl's *_vectorized twins of grpo, rloo);
-    remax and optimal_token_baseline are refused with the reason."""
+    remax (the baseline: a greedy answer's rule reward, one more generation per prompt);
+    optimal_token_baseline is refused with the reason."""
     gamma: float = 1.0
     """Discount γ (gae, reinforce_plus_plus)."""
     lam: float = 1.0

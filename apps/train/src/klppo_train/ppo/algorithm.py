@@ -26,6 +26,7 @@ from ppo_core import (
     compute_opo_advantages,
     compute_reinforce_pp_advantages,
     compute_reinforce_pp_baseline_advantages,
+    compute_remax_advantages,
     compute_rloo_advantages,
     masked_mean,
     masked_var,
@@ -94,12 +95,12 @@ def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, 
     prompts = "the prompt index of each sample"
 
     def grouped(name: str, fn, **kw) -> AdvantageFn:
-        return lambda r, m, *, values=None, group_ids=None: fn(
+        return lambda r, m, *, values=None, group_ids=None, baselines=None: fn(
             _sequence_scores(r, m), _needs(name, prompts, group_ids), m, **kw
         )
 
     return {
-        "gae": lambda r, m, *, values=None, group_ids=None: compute_gae(
+        "gae": lambda r, m, *, values=None, group_ids=None, baselines=None: compute_gae(
             r, _needs("gae", "critic values", values), m, cfg.gamma, cfg.lam, dp_sum=dp_sum
         ),
         "grpo": grouped("grpo", compute_grpo_advantages, norm_by_std=cfg.norm_adv_by_std_in_grpo),
@@ -111,7 +112,7 @@ def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, 
         ),
         "rloo": grouped("rloo", compute_rloo_advantages),
         "rloo_vectorized": grouped("rloo_vectorized", compute_rloo_advantages),
-        "reinforce_plus_plus": lambda r, m, *, values=None, group_ids=None: (
+        "reinforce_plus_plus": lambda r, m, *, values=None, group_ids=None, baselines=None: (
             compute_reinforce_pp_advantages(r, m, cfg.gamma, dp_sum=dp_sum)
         ),
         "reinforce_plus_plus_baseline": grouped(
@@ -119,6 +120,11 @@ def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, 
         ),
         "opo": grouped("opo", compute_opo_advantages),
         "gpg": grouped("gpg", compute_gpg_advantages, dp_sum=dp_sum),
+        "remax": lambda r, m, *, values=None, group_ids=None, baselines=None: (
+            compute_remax_advantages(
+                r, _needs("remax", "the greedy responses' rewards", baselines), m
+            )
+        ),
     }
 
 
@@ -128,8 +134,9 @@ if tuple(_estimators(AlgorithmConfig(), None)) != ADV_ESTIMATORS:  # the checks'
 
 def make_advantage_fn(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None = None) -> AdvantageFn:
     """``cfg.adv_estimator`` resolved once (build time) to its function
-    ``fn(token_rewards, response_mask, *, values=None, group_ids=None) -> (advantages,
-    returns)``, ``[N, T]`` each. ``dp_sum`` (an all-reduce) under data parallelism."""
+    ``fn(token_rewards, response_mask, *, values=None, group_ids=None, baselines=None) ->
+    (advantages, returns)``, ``[N, T]`` each (``baselines`` ``[N]``: ReMax's greedy
+    rewards). ``dp_sum`` (an all-reduce) under data parallelism."""
     estimators = _estimators(cfg, dp_sum)
     if cfg.adv_estimator not in estimators:
         raise ValueError(

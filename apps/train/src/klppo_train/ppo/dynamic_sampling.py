@@ -32,7 +32,7 @@ from klppo_train.config.errors import UserError
 from klppo_train.data.datasets import PromptItem
 from klppo_train.ppo.rollouts import Collected, ColocatedRollouts
 from klppo_train.ppo.shaping import OverlongShaping
-from klppo_train.runtime.process_group import concat_over_ranks, dp_rank, rank_span
+from klppo_train.runtime.process_group import concat_over_ranks, rank_span
 from klppo_train.workers.trajectories import Trajectories, trajectories
 from rollout import RolloutBatch, Sample
 
@@ -152,7 +152,6 @@ class DynamicSampling:
         mine = [g for g in held if g.key in chosen]
         order = {key: i for i, key in enumerate(sorted(chosen))}
         every = concat_over_ranks({"keys": [g.key for g in mine], "rule": [g.rule for g in mine]})
-        first = _before_me(len(mine))  # this rank's first group among every rank's
         samples = [replace(s, prompt_index=j) for j, g in enumerate(mine) for s in g.samples]
         version = min((s.policy_version for s in samples), default=step - 1)
         batch = RolloutBatch(samples, policy_version=version)
@@ -161,7 +160,7 @@ class DynamicSampling:
         items, t, balance, positions = self.inner.lay_out(
             [g.item for g in mine],
             batch,
-            list(range(first, first + len(mine))),
+            list(range(len(mine))),  # replaced by the re-split's (rank-order) positions
             canonical,
             rebalance=True,
         )
@@ -176,12 +175,6 @@ class DynamicSampling:
 
     def generate(self, items: Sequence[PromptItem], step: int, span: range):
         return self.inner.generate(items, step, span)
-
-
-def _before_me(count: int) -> int:
-    """How many groups the ranks before this one hold."""
-    counts = concat_over_ranks({"count": [count]})["count"]
-    return int(sum(counts[: dp_rank()]))
 
 
 def _too_few(kept: int, wanted: int, rounds: int, limit: int) -> UserError:

@@ -46,12 +46,14 @@ class Collected:
     """One step's rollouts on this rank: its prompts (``items``, indexed by the
     trajectories' ``prompt_index``), the trajectories, and the collection's metrics
     (``timing_s/gen``, ``timing_s/sleep``, balance, the engine's counters); ``rule``: their
-    rule rewards ``[N]`` where the source scored them (dynamic sampling), else None."""
+    rule rewards ``[N]`` where the source scored them (dynamic sampling), else None;
+    ``baselines``: ``[N]`` the reward of a greedy answer to each sample's prompt (ReMax)."""
 
     items: list[PromptItem]
     trajectories: Trajectories
     metrics: dict[str, float]
     rule: torch.Tensor | None = None
+    baselines: torch.Tensor | None = None
 
 
 class RolloutSource(Protocol):

@@ -135,17 +135,22 @@ def _reward_model_scores(c: Components, items, t: Trajectories, step: int, timed
 
 
 def _advantages(
-    c: Components, items, t: Trajectories, rm_raw: torch.Tensor | None, rule: torch.Tensor | None
+    c: Components,
+    items,
+    t: Trajectories,
+    rm_raw: torch.Tensor | None,
+    rule: torch.Tensor | None,
+    baselines: torch.Tensor | None = None,
 ) -> tuple[Trajectories, torch.Tensor, dict]:
     """Stage 6: ``(trajectories with advantages and returns, scores, kl and reward-model
-    metrics)``."""
+    metrics)``; ``baselines``: ReMax's, from the rollout source."""
     scores, metrics = score_responses(c, items, t, rm_raw, rule)
     rewards = scores
     if c.kl_in_reward is not None:
         rewards, kl = c.kl_in_reward(scores, t.old_logprobs, t.ref_logprobs, t.loss_mask)
         metrics.update(kl)
     advantages, returns = c.advantage_fn(
-        rewards, t.loss_mask, values=t.values, group_ids=t.prompt_index
+        rewards, t.loss_mask, values=t.values, group_ids=t.prompt_index, baselines=baselines
     )
     return replace(t, advantages=advantages, returns=returns), scores, metrics
 
@@ -181,7 +186,9 @@ def ppo_step(c: Components, items: Sequence[PromptItem], step: int) -> dict[str,
     if default_device().type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     collected = c.rollouts.collect(items, step)  # 1, 2
-    metrics = train_on(c, collected.items, collected.trajectories, step, collected.rule)  # 3–8
+    metrics = train_on(  # 3–8
+        c, collected.items, collected.trajectories, step, collected.rule, collected.baselines
+    )
     metrics.update(c.rollouts.publish(step))  # 9, 10
     metrics.update(collected.metrics)
     timed["timing_s/step"] = time.perf_counter() - step_start
@@ -196,10 +203,12 @@ def train_on(
     t: Trajectories,
     step: int,
     rule: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Stages 3–8 and their metrics: update the critic and the actor on trajectories ``t``
     (this rank's; ``items``: their prompts, indexed by ``t.prompt_index``), as update
-    ``step``; ``rule``: their rule rewards ``[N]`` where the source scored them already.
+    ``step``; ``rule``: their rule rewards ``[N]`` where the source scored them already;
+    ``baselines``: ``[N]`` ReMax's greedy rewards.
     Calls no engine: where the trajectories came from is the caller's business."""
     timed = Timings()
     retries_before = c.budgets.oom_retries
@@ -207,7 +216,7 @@ def train_on(
     t, kept, corrected = _rollout_correction(c, t)  # 5a
     rm_raw = _reward_model_scores(c, items, t, step, timed)  # 5b
     with timed("adv"):  # 6
-        t, scores, metrics = _advantages(c, items, t, rm_raw, rule)
+        t, scores, metrics = _advantages(c, items, t, rm_raw, rule, baselines)
     metrics.update(corrected)
     updated = t if kept is None else replace(t, loss_mask=kept)
     if c.critic is not None:

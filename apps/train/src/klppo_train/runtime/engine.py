@@ -69,6 +69,11 @@ class Sampling:
         validation = replace(self.config, n=1, temperature=self.val_temperature)
         return replace(validation, seed=self._step_seed(0))
 
+    def for_baseline(self, step: int) -> SamplingConfig:
+        """One greedy sample per prompt at this step (ReMax's baseline: verl's
+        ``do_sample=False``), whatever ``rollout.val_temperature`` says."""
+        return replace(self.config, n=1, temperature=0.0, seed=self._step_seed(step))
+
     def request_seeds(self, step: int, prompts: range) -> list[int]:
         """One seed per prompt of the step, from (``trainer.seed``, step, the prompt's index
         in the whole step's batch): every request draws its own random stream (one seed for

@@ -28,6 +28,7 @@ from klppo_train.data.rewards import RewardManager
 from klppo_train.ppo.algorithm import KLInReward, make_advantage_fn, make_kl_controller
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.dynamic_sampling import DynamicSampling, GroupFilter
+from klppo_train.ppo.greedy_baseline import GreedyBaseline
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.rollouts import ColocatedRollouts, RolloutSource, StepPlan
@@ -87,17 +88,20 @@ class StepBuilder:
         return rc.enabled and not rc.bypass_mode
 
     def sampled_prompts(self, c: Components, more: Callable[[], Sequence]) -> RolloutSource:
-        """The step's rollout source: ``c.rollouts``, or with ``algorithm.filter_groups``
-        DAPO's dynamic sampling over it, taking further prompts from ``more()``."""
+        """The step's rollout source: ``c.rollouts``; with ``algorithm.filter_groups`` DAPO's
+        dynamic sampling over it, taking further prompts from ``more()``; with
+        ``adv_estimator=remax`` one that adds ReMax's greedy baselines."""
         fg = self.cfg.algorithm.filter_groups
+        score = functools.partial(rule_scores, c.tokenizer, c.rewards)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            return GreedyBaseline(c.rollouts, score, c.shaping)
         if not fg.enable:
             return c.rollouts
         groups = GroupFilter(fg.metric, fg.max_num_gen_batches, c.shaping)
         log.info(
-            "dynamic sampling: groups whose %s does not vary are dropped (at most %s "
-            "generation batches a step)", fg.metric, fg.max_num_gen_batches or "any number of",
+            "dynamic sampling: groups whose %s does not vary are dropped (generation batches "
+            "a step: at most %s)", fg.metric, fg.max_num_gen_batches or "no limit",
         )  # fmt: skip
-        score = functools.partial(rule_scores, c.tokenizer, c.rewards)
         return DynamicSampling(c.rollouts, groups, more, score)
 
     def rollout_correction(self) -> RolloutCorrection | None:
