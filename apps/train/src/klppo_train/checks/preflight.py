@@ -23,7 +23,11 @@ from klppo_train.data import sources
 from klppo_train.data.datasets import PromptDataset, read_rows
 from klppo_train.data.pairs import PairDataset, read_pairs
 from klppo_train.data.rewards import RewardManager
-from klppo_train.reward_model.hf_dir import is_reward_model_dir, stored_normalization
+from klppo_train.reward_model.hf_dir import (
+    is_reward_model_dir,
+    same_tokenization,
+    stored_normalization,
+)
 from klppo_train.runtime.hf_dirs import load_tokenizer
 
 log = logging.getLogger("klppo_train")
@@ -247,30 +251,28 @@ def _reward_model_checks(cfg: AppConfig, tokenizer):
 
 def _ensemble_checks(rm: RewardModelConfig, rm_tokenizer) -> None:
     """``reward_model.ensemble.paths``: reward-model directories that read what
-    ``reward_model.path`` reads (its tokenizer and chat template); every member, the first
-    too, with the stored mean/std its scores are standardized by before the reduce."""
-    paths = rm.ensemble.paths
-    if not paths:
+    ``reward_model.path`` reads (its tokenizer and chat template) and have its shape; every
+    member, the first too, with the stored mean/std its scores are standardized by."""
+    if not rm.ensemble.paths:
         return
-    members = {"reward_model.path": rm.path}
-    members |= {f"reward_model.ensemble.paths[{i}]": path for i, path in enumerate(paths)}
-    for key, path in members.items():
-        if key != "reward_model.path":
-            tokenizer = _reward_model_dir(key, path)
-            _same_shape(key, path, rm.path)
-            same = tokenizer.get_vocab() == rm_tokenizer.get_vocab() and getattr(
-                tokenizer, "chat_template", None
-            ) == getattr(rm_tokenizer, "chat_template", None)
-            if not same:
-                raise UserError(
-                    f"{key}={path!r}: its tokenizer or chat template differs from "
-                    "reward_model.path's (the members score the same token ids)"
-                )
-        if stored_normalization(Path(path).expanduser()) is None:
+    _stored_stats("reward_model.path", rm.path)
+    for i, path in enumerate(rm.ensemble.paths):
+        key = f"reward_model.ensemble.paths[{i}]"
+        if not same_tokenization(_reward_model_dir(key, path), rm_tokenizer):
             raise UserError(
-                f"{key}={path!r}: its config.json holds no mean/std, which an ensemble's "
-                "members are standardized by (klppo's reward-model exports hold them)"
+                f"{key}={path!r}: its tokenizer or chat template differs from "
+                "reward_model.path's (the members score the same token ids)"
             )
+        _same_shape(key, path, rm.path)
+        _stored_stats(key, path)
+
+
+def _stored_stats(key: str, path: str) -> None:
+    if stored_normalization(Path(path).expanduser()) is None:
+        raise UserError(
+            f"{key}={path!r}: its config.json holds no mean/std, which an ensemble's "
+            "members are standardized by (klppo's reward-model exports hold them)"
+        )
 
 
 # What the budget probe's measurement of the first member stands for (members run one after

@@ -30,7 +30,7 @@ import torch
 
 from klppo_train.config.errors import UserError
 from klppo_train.data.datasets import PromptItem
-from klppo_train.ppo.rollouts import Collected, ColocatedRollouts
+from klppo_train.ppo.rollouts import Collected, OverColocated
 from klppo_train.ppo.shaping import OverlongShaping
 from klppo_train.runtime.process_group import concat_over_ranks, rank_span
 from klppo_train.workers.trajectories import Trajectories, trajectories
@@ -80,13 +80,12 @@ class _Group:
 
 
 @dataclass
-class DynamicSampling:
+class DynamicSampling(OverColocated):
     """A :class:`klppo_train.ppo.rollouts.RolloutSource` over ``inner``'s engine: rounds of
     generation filtered by ``groups`` until the step's batch is full (module docstring).
     ``more()``: the next batch of prompts (the loader's, the same on every rank);
     ``score(items, trajectories)``: the rule rewards ``[N]``."""
 
-    inner: ColocatedRollouts
     groups: GroupFilter
     more: Callable[[], Sequence[PromptItem]]
     score: Callable[[Sequence[PromptItem], Trajectories], torch.Tensor]
@@ -166,15 +165,6 @@ class DynamicSampling:
         )
         rule = [r for p in positions for r in every["rule"][p]]
         return items, t, torch.tensor(rule, device=t.response_mask.device), balance
-
-    def publish(self, version: int) -> dict[str, float]:
-        return self.inner.publish(version)
-
-    def resume(self, version: int) -> None:
-        self.inner.resume(version)
-
-    def generate(self, items: Sequence[PromptItem], step: int, span: range):
-        return self.inner.generate(items, step, span)
 
 
 def _too_few(kept: int, wanted: int, rounds: int, limit: int) -> UserError:

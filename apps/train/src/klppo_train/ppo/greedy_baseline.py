@@ -19,19 +19,18 @@ from dataclasses import dataclass
 import torch
 
 from klppo_train.data.datasets import PromptItem
-from klppo_train.ppo.rollouts import Collected, ColocatedRollouts
+from klppo_train.ppo.rollouts import Collected, OverColocated
 from klppo_train.ppo.shaping import OverlongShaping
 from klppo_train.runtime.process_group import rank_span
 from klppo_train.workers.trajectories import Trajectories, trajectories
 
 
 @dataclass
-class GreedyBaseline:
+class GreedyBaseline(OverColocated):
     """A :class:`klppo_train.ppo.rollouts.RolloutSource` over ``inner``'s engine whose
     :class:`Collected` carries ``baselines`` ``[N]``; ``score(items, trajectories)``: the
     rule rewards ``[N]``; ``shaping``: the overlong penalty, when on."""
 
-    inner: ColocatedRollouts
     score: Callable[[Sequence[PromptItem], Trajectories], torch.Tensor]
     shaping: OverlongShaping | None = None
 
@@ -67,12 +66,3 @@ class GreedyBaseline:
             rewards = self.shaping(rewards, t.response_mask)[0]
         order = torch.argsort(t.prompt_index)  # one answer per prompt, in prompt order
         return rewards[order]
-
-    def publish(self, version: int) -> dict[str, float]:
-        return self.inner.publish(version)
-
-    def resume(self, version: int) -> None:
-        self.inner.resume(version)
-
-    def generate(self, items: Sequence[PromptItem], step: int, span: range):
-        return self.inner.generate(items, step, span)

@@ -165,3 +165,20 @@ class ColocatedRollouts:
         metrics["timing_s/update_weights"] = time.perf_counter() - start
         metrics["rollout/weight_sync_bytes"] = synced["rollout/weight_sync_bytes"]
         return metrics
+
+
+@dataclass
+class OverColocated:
+    """The base of a rollout source that changes how ``inner`` collects a step's samples
+    (dynamic sampling, ReMax's greedy baselines) and leaves the rest to it."""
+
+    inner: ColocatedRollouts
+
+    def publish(self, version: int) -> dict[str, float]:
+        return self.inner.publish(version)
+
+    def resume(self, version: int) -> None:
+        self.inner.resume(version)
+
+    def generate(self, items: Sequence[PromptItem], step: int, span: range):
+        return self.inner.generate(items, step, span)

@@ -32,3 +32,11 @@ def stored_normalization(path: Path) -> tuple[float, float] | None:
     if "mean" in config and "std" in config:
         return float(config["mean"]), float(config["std"])
     return None
+
+
+def same_tokenization(tokenizer, other) -> bool:
+    """Whether ``other`` reads ``tokenizer``'s token ids as they are: the same vocabulary and
+    the same chat template (a reward model and the policy; two ensemble members)."""
+    return tokenizer.get_vocab() == other.get_vocab() and getattr(
+        tokenizer, "chat_template", None
+    ) == getattr(other, "chat_template", None)

@@ -36,14 +36,6 @@ from klppo_train.workers.trajectories import Trajectories
 from rollout import left_pad
 
 
-def same_tokenization(policy_tokenizer, rm_tokenizer) -> bool:
-    """Whether the reward model reads the policy's token ids as they are: the same
-    vocabulary and the same chat template."""
-    return policy_tokenizer.get_vocab() == rm_tokenizer.get_vocab() and getattr(
-        policy_tokenizer, "chat_template", None
-    ) == getattr(rm_tokenizer, "chat_template", None)
-
-
 @dataclass(frozen=True)
 class Retemplate:
     """Policy samples → the reward model's own rendering (see the module docstring)."""

@@ -34,13 +34,12 @@ from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.rollouts import ColocatedRollouts, RolloutSource, StepPlan
 from klppo_train.ppo.shaping import OverlongShaping
 from klppo_train.ppo.step import rule_scores
-from klppo_train.reward_model.hf_dir import stored_normalization
+from klppo_train.reward_model.hf_dir import same_tokenization, stored_normalization
 from klppo_train.reward_model.serve import (
     Retemplate,
     RewardModelEnsemble,
     RewardModelPass,
     RewardModelReward,
-    same_tokenization,
 )
 from klppo_train.runtime.engine import RolloutStats, Sampling
 from klppo_train.runtime.process_group import dp_size, sum_over_ranks
