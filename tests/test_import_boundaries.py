@@ -20,7 +20,7 @@ ALLOWED = {
     "ppo_core": {"torch"},
     "batching": {"torch", "numpy"},
     "fsdp_sharding": {"torch"},
-    "rollout": {"torch", "transformers", "vllm", "safetensors"},
+    "rollout": {"torch", "transformers", "vllm", "safetensors", "jsonschema"},
     "klppo_train": {
         "omegaconf",
         "pyarrow",

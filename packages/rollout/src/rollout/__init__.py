@@ -5,6 +5,12 @@
 - :class:`VLLMEngine` (+ :class:`VLLMConfig`): vLLM, imported only when constructed
 - :class:`WeightPublisher` (Protocol) and its :class:`WeightSync`; :func:`logprob_mismatch`;
   :func:`left_pad` (prompts as ``[B, P]`` tensors)
+- Multi-turn: :class:`MultiTurnRollout` (+ :class:`MultiTurnConfig`) over any engine,
+  :class:`Turn`; :class:`Environment` (Protocol), :class:`ToolEnvironment`,
+  :class:`Observation`; tools: :class:`Tool` (Protocol), :class:`ToolBox`,
+  :class:`ToolCall`, :class:`ToolResult`, the built-in :class:`Calculator`; tool-call
+  formats :data:`TOOL_CALL_FORMATS` (:class:`HermesParser`); :class:`TurnRenderer` (the
+  appended turns' ids); :func:`multi_turn_metrics`
 - LoRA: :class:`AdapterSync` (a :class:`WeightPublisher`: only the adapters sent, merged
   into the engine's base weights), :class:`BaseWeights`, :func:`merged_weights`,
   :func:`adapter_module`
@@ -22,6 +28,24 @@ except PackageNotFoundError:  # a source tree that was never installed
 # needs one torch-free name (a config check) does not pay for torch.
 _EXPORTS = {
     "AdapterSync": "lora",
+    "Calculator": "calculator",
+    "Environment": "environments",
+    "HermesParser": "tool_parsers",
+    "MultiTurnConfig": "config",
+    "MultiTurnRollout": "multi_turn",
+    "Observation": "environments",
+    "TOOL_CALL_FORMATS": "tool_parsers",
+    "TOOL_ERRORS": "tools",
+    "Tool": "tools",
+    "ToolBox": "tools",
+    "ToolCall": "tools",
+    "ToolCallParser": "tool_parsers",
+    "ToolEnvironment": "environments",
+    "ToolResult": "tools",
+    "Turn": "types",
+    "TurnRenderer": "chat",
+    "check_tool_schema": "tools",
+    "multi_turn_metrics": "multi_turn",
     "BaseWeights": "lora",
     "adapter_module": "lora",
     "adapter_pairs": "lora",

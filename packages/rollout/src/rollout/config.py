@@ -131,3 +131,55 @@ class VLLMConfig:
 
 def _none_or_positive(value: int | None) -> bool:
     return value is None or value >= 1
+
+
+TRUNCATE_SIDES = ("left", "right", "middle")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiTurnConfig:
+    """How a multi-turn rollout advances (verl's ``actor_rollout_ref.rollout.multi_turn.*``).
+
+    Attributes:
+        max_assistant_turns: generated turns per conversation; None = until the model
+            answers without a call or the response budget is spent.
+        max_user_turns: appended turns (tool answers and user turns: verl counts both);
+            None = no limit.
+        max_parallel_calls: tool calls answered per assistant turn (the first ones; verl's
+            default 1).
+        max_tool_response_length: a tool's answer is cut to this many characters.
+        tool_response_truncate_side: ``left`` keeps the start, ``right`` the end,
+            ``middle`` both ends.
+        format: the tool-call format parsed from the model's text (``hermes``).
+        tool_timeout_s: a tool call running longer is answered as timed out.
+    """
+
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    format: str = "hermes"
+    tool_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        from rollout.tool_parsers import TOOL_CALL_FORMATS  # torch-free
+
+        checks = [
+            ("max_assistant_turns", _none_or_positive(self.max_assistant_turns), ">= 1 or null"),
+            ("max_user_turns", _none_or_positive(self.max_user_turns), ">= 1 or null"),
+            ("max_parallel_calls", self.max_parallel_calls >= 1, ">= 1"),
+            ("max_tool_response_length", self.max_tool_response_length >= 1, ">= 1"),
+            (
+                "tool_response_truncate_side",
+                self.tool_response_truncate_side in TRUNCATE_SIDES,
+                f"one of {list(TRUNCATE_SIDES)}",
+            ),
+            ("format", self.format in TOOL_CALL_FORMATS, f"one of {sorted(TOOL_CALL_FORMATS)}"),
+            ("tool_timeout_s", self.tool_timeout_s > 0, "> 0"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(
+                    f"MultiTurnConfig.{name} must be {rule}, got {getattr(self, name)!r}"
+                )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,7 +16,14 @@ from torch import nn
 from transformers import GenerationConfig
 
 from rollout.config import HFEngineConfig, SamplingConfig
-from rollout.types import RolloutBatch, Sample, check_prompts, check_seeds, left_pad
+from rollout.types import (
+    RolloutBatch,
+    Sample,
+    check_max_new_tokens,
+    check_prompts,
+    check_seeds,
+    left_pad,
+)
 
 
 class HFEngine:
@@ -38,19 +46,26 @@ class HFEngine:
         sampling: SamplingConfig,
         *,
         seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> RolloutBatch:
         """See :meth:`RolloutEngine.generate`: batched ``generate`` draws every row from one
-        generator, seeded with ``seeds[0]`` (or ``sampling.seed``)."""
+        generator, seeded with ``seeds[0]`` (or ``sampling.seed``); per-prompt
+        ``max_new_tokens`` generate to the largest and cut each row at its own (the tokens
+        before a cut do not depend on it)."""
         vocab = self.model.get_input_embeddings().num_embeddings
         check_prompts(prompt_token_ids, vocab, self.config.max_model_len)
         check_seeds(seeds, len(prompt_token_ids))
+        check_max_new_tokens(max_new_tokens, len(prompt_token_ids))
+        if max_new_tokens is not None:
+            sampling = replace(sampling, max_new_tokens=max(max_new_tokens))
         seed = seeds[0] if seeds else sampling.seed
         if seed is not None:
             torch.manual_seed(seed)
+        caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
         rows = [(i, list(p)) for i, p in enumerate(prompt_token_ids) for _ in range(sampling.n)]
         start = time.perf_counter()
         samples = [
-            s
+            _cut(s, caps[s.prompt_index])
             for chunk in self._chunks(rows, sampling)
             for s in self._generate_rows(chunk, sampling)
         ]
@@ -157,3 +172,11 @@ class HFEngine:
 
     def close(self) -> None:
         self.model = None
+
+
+def _cut(sample: Sample, cap: int) -> Sample:
+    """``sample`` cut to its prompt's own cap (finish ``length`` if that cut it)."""
+    if len(sample.response_token_ids) <= cap:
+        return sample
+    tokens, logprobs = sample.response_token_ids[:cap], sample.logprobs[:cap]
+    return replace(sample, response_token_ids=tokens, logprobs=logprobs, finish_reason="length")

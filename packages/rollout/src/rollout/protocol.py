@@ -35,8 +35,12 @@ class RolloutEngine(Protocol):
         sampling: SamplingConfig,
         *,
         seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Samples for every prompt (``sampling.n`` each).
+
+        ``max_new_tokens``: one cap per prompt, instead of ``sampling.max_new_tokens`` (a
+        multi-turn rollout's conversations have spent different parts of their budget).
 
         ``seeds``: one per prompt, instead of ``sampling.seed`` for the whole call. vLLM
         gives each prompt its own seeded stream, so a prompt's samples do not depend on what

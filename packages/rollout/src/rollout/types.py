@@ -9,6 +9,24 @@ import torch
 
 
 @dataclass(frozen=True)
+class Turn:
+    """One turn of a multi-turn response: its ``role`` (``assistant``: generated, trained
+    on; ``tool`` or ``user``: appended, masked out of the loss), its tokens
+    ``response_token_ids[start:end]``, the policy version that generated it (assistant
+    turns; an appended turn keeps the version of the turn it answers), and for an appended
+    turn the tool calls it answers, the kinds of failure among them
+    (:data:`rollout.tools.TOOL_ERRORS`) and the reward the tools or environment gave."""
+
+    role: str
+    start: int
+    end: int
+    policy_version: int
+    calls: int = 0
+    errors: tuple[str, ...] = ()
+    reward: float = 0.0
+
+
+@dataclass(frozen=True)
 class Sample:
     """One generated response.
 
@@ -18,11 +36,15 @@ class Sample:
         logprobs: log-probability of each generated token under the distribution it was
             sampled from (temperature, top-k and top-p applied; greedy: the model's own),
             same length as the tokens.
-        finish_reason: ``"stop"`` (EOS or a stop token) or ``"length"``.
+        finish_reason: ``"stop"`` (EOS or a stop token; multi-turn: an answer without a
+            tool call), ``"length"`` (the response budget is spent) or ``"max_turns"``
+            (multi-turn: the turn limit came while the model still called a tool).
         policy_version: version of the weights that generated it.
         loss_mask: 1 for each response token a trainer learns from, 0 for one it must not
             (a tool's output or an environment's observation inside a multi-turn
             response), same length as the tokens; None: every token (all were generated).
+        turns: a multi-turn response's turns, in order, covering every token; empty for a
+            single-turn response.
     """
 
     prompt_index: int
@@ -31,6 +53,7 @@ class Sample:
     finish_reason: str
     policy_version: int
     loss_mask: tuple[int, ...] | None = None
+    turns: tuple[Turn, ...] = ()
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.response_token_ids):
@@ -133,3 +156,13 @@ def check_seeds(seeds: Sequence[int] | None, num_prompts: int) -> None:
         raise ValueError(f"generate() got {len(seeds)} seeds for {num_prompts} prompts")
     if any(s < 0 for s in seeds):
         raise ValueError(f"seeds must be >= 0, got {min(seeds)}")
+
+
+def check_max_new_tokens(caps: Sequence[int] | None, num_prompts: int) -> None:
+    """Per-prompt caps, if given, are one int >= 1 per prompt."""
+    if caps is None:
+        return
+    if len(caps) != num_prompts:
+        raise ValueError(f"generate() got {len(caps)} max_new_tokens for {num_prompts} prompts")
+    if any(c < 1 for c in caps):
+        raise ValueError(f"max_new_tokens must be >= 1, got {min(caps)}")

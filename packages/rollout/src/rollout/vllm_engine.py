@@ -18,7 +18,13 @@ from typing import Any
 import torch
 
 from rollout.config import SamplingConfig, VLLMConfig
-from rollout.types import RolloutBatch, Sample, check_prompts, check_seeds
+from rollout.types import (
+    RolloutBatch,
+    Sample,
+    check_max_new_tokens,
+    check_prompts,
+    check_seeds,
+)
 
 log = logging.getLogger("rollout")
 
@@ -176,16 +182,29 @@ class VLLMEngine:
         sampling: SamplingConfig,
         *,
         seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> RolloutBatch:
-        """See :meth:`RolloutEngine.generate`; ``seeds`` become per-request seeds."""
+        """See :meth:`RolloutEngine.generate`; ``seeds`` and ``max_new_tokens`` become
+        per-request sampling parameters."""
         check_prompts(prompt_token_ids, self.vocab_size, self.max_model_len)
         check_seeds(seeds, len(prompt_token_ids))
+        check_max_new_tokens(max_new_tokens, len(prompt_token_ids))
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
-        params = (
-            [self._sampling_params(replace(sampling, seed=seed)) for seed in seeds]
-            if seeds is not None
-            else self._sampling_params(sampling)
-        )
+        if seeds is None and max_new_tokens is None:
+            params = self._sampling_params(sampling)
+        else:
+            params = [
+                self._sampling_params(
+                    replace(
+                        sampling,
+                        seed=seeds[i] if seeds is not None else sampling.seed,
+                        max_new_tokens=(
+                            max_new_tokens[i] if max_new_tokens else sampling.max_new_tokens
+                        ),
+                    )
+                )
+                for i in range(len(prompts))
+            ]
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self._generate_seconds += time.perf_counter() - start
