@@ -224,3 +224,18 @@ def test_tool_environment_answers_the_first_calls() -> None:
 def test_multi_turn_config_checks(field, value) -> None:
     with pytest.raises(ValueError, match=f"MultiTurnConfig.{field}"):
         MultiTurnConfig(**{field: value})
+
+
+def test_tool_environment_from_config_takes_every_field() -> None:
+    config = MultiTurnConfig(
+        max_parallel_calls=2,
+        max_tool_response_length=7,
+        tool_response_truncate_side="left",
+        tool_timeout_s=0.25,
+    )
+    env = ToolEnvironment.from_config([Calculator()], config)
+    assert isinstance(env.parser, HermesParser) and env.max_parallel_calls == 2
+    box = env.toolbox
+    assert (box.timeout_s, box.max_response_chars, box.truncate_side) == (0.25, 7, "left")
+    [r] = box.run([ToolCall("nope", {})], [{}])
+    assert r.text.startswith("Error: ") and r.text.endswith("...(truncated)")

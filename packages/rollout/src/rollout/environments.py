@@ -55,6 +55,20 @@ class ToolEnvironment:
     parser: ToolCallParser
     max_parallel_calls: int = 1
 
+    @classmethod
+    def from_config(cls, tools, config) -> ToolEnvironment:
+        """``tools`` answered as a :class:`~rollout.config.MultiTurnConfig` says (its
+        format, parallel calls, time limit, answer length and truncation side)."""
+        from rollout.tool_parsers import TOOL_CALL_FORMATS
+
+        box = ToolBox(
+            tools,
+            timeout_s=config.tool_timeout_s,
+            max_response_chars=config.max_tool_response_length,
+            truncate_side=config.tool_response_truncate_side,
+        )
+        return cls(box, TOOL_CALL_FORMATS[config.format](), config.max_parallel_calls)
+
     def wants_turn(self, text: str, context: Mapping[str, Any]) -> bool:
         return bool(self.parser.parse(text))
 

@@ -44,11 +44,14 @@ class _Conversation:
     mask: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     finish: str | None = None
-    user_turns: int = 0
 
     @property
     def assistant_turns(self) -> int:
         return sum(t.role == "assistant" for t in self.turns)
+
+    @property
+    def user_turns(self) -> int:  # appended turns: verl counts tool answers as user turns
+        return len(self.turns) - self.assistant_turns
 
     def generated(self, sample: Sample) -> None:
         start = len(self.ids)
@@ -77,7 +80,6 @@ class _Conversation:
             observation.reward,
         )
         self.turns.append(turn)
-        self.user_turns += 1
 
     def sample(self) -> Sample:
         return Sample(
