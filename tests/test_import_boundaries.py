@@ -153,6 +153,7 @@ def test_demo_is_a_leaf_that_core_modules_do_not_import() -> None:
 APP_LAYERS = (
     "config",  # torch-free: the sections, verl's names, the role table
     "data",
+    "agents",  # multi-turn: the tool-config file, the samplers (single-turn or with tools)
     "runtime",
     "tracking",
     "budgets",

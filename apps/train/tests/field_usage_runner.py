@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import klppo_train
@@ -48,7 +48,7 @@ def _is_check(name: str) -> bool:
 def track(reads: set[str]) -> None:
     for cls in config_classes():
         names = {f.name for f in fields(cls)}
-        homes = {APP, _home(cls)}
+        homes = {APP, *(_home(c) for c in cls.__mro__ if is_dataclass(c))}
 
         def getattribute(self, name, _names=names, _cls=cls, _homes=homes):
             if name in _names:

@@ -15,7 +15,9 @@ import pytest
 from field_usage_runner import config_classes
 
 from klppo_train.data.datasets import write_parquet
-from klppo_train.demo.tasks import COMPACT, make_arithmetic_rows
+from klppo_train.demo.tasks import DATA_SOURCES
+
+CALCULATOR = Path(__file__).resolve().parents[1] / "recipes" / "tools" / "calculator.yaml"
 
 RUNNER = Path(__file__).with_name("field_usage_runner.py")
 # Keys whose whole effect is a check against the launch (torchrun's world size).
@@ -146,19 +148,32 @@ def _hf_run(tmp_path: Path) -> list[str]:
     custom reward shaped by DAPO's overlong penalty and filtered by its dynamic sampling,
     epochs instead of steps, an overlong prompt filtered out, LoRA on two of the layers (the
     reference: the actor without its adapters), decoupled rollout correction (its
-    old-log-prob pass reads the static micro-batch size)."""
+    old-log-prob pass reads the static micro-batch size); multi-turn rollouts with the
+    calculator, of a tiny model that calls it (``model.source=tiny-calculator``)."""
     run = tmp_path / "b"
-    long = {**make_arithmetic_rows(1, seed=9, template=COMPACT)[0]}
-    long["prompt"] = [{"role": "user", "content": "9" * 100}]
-    write_parquet([*make_arithmetic_rows(16, seed=0, template=COMPACT), long], run / "t.parquet")
-    write_parquet(make_arithmetic_rows(6, seed=1, template=COMPACT), run / "v.parquet")
+    train, val = DATA_SOURCES["calculator_multiply"]()
+    long = {**train[0], "prompt": [{"role": "user", "content": "What is 2*3? " * 12}]}
+    write_parquet([*train[:16], long], run / "t.parquet")
+    write_parquet(val[:6], run / "v.parquet")
     (run / "reward.py").write_text(REWARD)
     return [
         f"trainer.run_dir={run}",
         f"data.train_files=[{run / 't.parquet'}]",
         f"data.val_files=[{run / 'v.parquet'}]",
+        "data.max_prompt_length=48",
         f"reward.custom={run / 'reward.py'}:score",
-        "model.warmup_steps=5",
+        "model.source=tiny-calculator",
+        f"model.path={run / 'model'}",
+        "rollout.response_length=64",
+        "rollout.multi_turn.enable=true",
+        f"rollout.multi_turn.tool_config_path={CALCULATOR}",
+        "rollout.multi_turn.max_assistant_turns=3",
+        "rollout.multi_turn.max_user_turns=2",
+        "rollout.multi_turn.max_parallel_calls=2",
+        "rollout.multi_turn.max_tool_response_length=64",
+        "rollout.multi_turn.tool_response_truncate_side=left",
+        "rollout.multi_turn.format=hermes",
+        "rollout.multi_turn.tool_timeout_s=5",
         "rollout.engine=hf",
         "trainer.total_training_steps=0",
         "trainer.total_epochs=1",
@@ -224,6 +239,7 @@ def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
             "vllm",
             "hf",
             "mixed_precision",
+            "multi_turn",
         )
     }
     unread = every - reads - CHECK_ONLY - CUDA_ONLY - MODE_KEYS - sections

@@ -4,6 +4,7 @@ import pytest
 
 from klppo_train.data.rewards import (
     RewardManager,
+    answer_is_score,
     arithmetic_final_number_score,
     arithmetic_score,
     extract_gsm8k_answer,
@@ -133,7 +134,8 @@ def test_manager_dispatch(custom_file) -> None:
     assert manager.score("gsm8k", "#### 8", "7", None) == 0.0
     assert manager.score("arithmetic", "7.", "7", {}) == 1.0
     with pytest.raises(
-        ValueError, match=r"data_source 'mine'.*\['arithmetic', 'arithmetic_chat', 'gsm8k'"
+        ValueError,
+        match=r"data_source 'mine'.*\['arithmetic', 'arithmetic_chat', 'calculator_multiply'",
     ):
         manager.score("mine", "x", "y", {})
     custom = RewardManager(custom=f"{custom_file}:length_reward")
@@ -154,3 +156,19 @@ def test_manager_counts_errors_or_raises(custom_file) -> None:
     with pytest.raises(RuntimeError, match="broken reward"):
         strict.score("mine", "boom", "", {})
     assert strict.errors == 0
+
+
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        ("The answer is 1081.", 1.0),
+        ('<tool_call>{"expression": "23*47"}</tool_call>\ntool\n1081\nassistant\n', 0.0),
+        ("tool\n1081\nassistant\nThe answer is 1,081.", 1.0),  # thousands separator
+        ("The answer is 1080. No, the answer is 1081", 1.0),  # the last statement counts
+        ("The answer is 1081. No, the answer is 1080", 0.0),
+        ("answer IS -3", 0.0),
+    ],
+)
+def test_answer_is_pays_only_the_models_statement(response, score) -> None:
+    """A calculator's bare number in a multi-turn response is not an answer."""
+    assert answer_is_score(response, "1081") == score

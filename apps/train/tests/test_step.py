@@ -303,9 +303,9 @@ def test_val_batch_size_sets_the_validation_batches() -> None:
     sizes: list[int] = []
     generate = c.engine.generate
 
-    def recording(prompts, sampling):
+    def recording(prompts, sampling, **kwargs):
         sizes.append(len(prompts))
-        return generate(prompts, sampling)
+        return generate(prompts, sampling, **kwargs)
 
     c.engine.generate = recording
     whole = validate(c, items, load_config(None, OVERRIDES).data.val_batch_size, 8)

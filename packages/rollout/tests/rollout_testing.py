@@ -132,6 +132,8 @@ def assert_well_formed(sample, tokenizer, renderer) -> None:
         assert set(sample.loss_mask[span]) == {int(generated)}
         if not generated:
             assert set(sample.logprobs[span]) == {0.0}
+            if turn is sample.turns[-1] and sample.finish_reason == "length":
+                continue  # an answer cut at the response budget
             text = tokenizer.decode(sample.response_token_ids[span])
             assert text.startswith("\n<|im_start|>" + turn.role + "\n")
             assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")

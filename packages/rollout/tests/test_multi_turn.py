@@ -184,7 +184,8 @@ def test_limits_end_conversations_with_their_reason(model, tokenizer, renderer):
         assert sample.turns[0].end == len(sample.response_token_ids)
     no_answer = rollout(model, tokenizer, renderer, config=MultiTurnConfig(max_user_turns=1))
     assert {len(s.turns) for s in no_answer.generate(qs, greedy).samples} == {3}
-    # budget: the call fits, the tool's answer does not -> ends "length" before it
+    # budget: the call fits, the tool's answer does not -> the answer is cut at the budget
+    # (as verl cuts a response), the call counted, and the conversation ends "length"
     full = rollout(model, tokenizer, renderer).generate(qs[:1], greedy).samples[0]
     tight = full.turns[0].end + 3
     cut = (
@@ -192,8 +193,9 @@ def test_limits_end_conversations_with_their_reason(model, tokenizer, renderer):
         .generate(qs[:1], SamplingConfig(temperature=0, max_new_tokens=tight))
         .samples[0]
     )
-    assert cut.finish_reason == "length" and len(cut.turns) == 1
-    assert cut.response_token_ids == full.response_token_ids[: full.turns[0].end]
+    assert cut.finish_reason == "length" and [t.role for t in cut.turns] == ["assistant", "tool"]
+    assert cut.response_token_ids == full.response_token_ids[:tight]
+    assert cut.turns[1].calls == 1 and cut.loss_mask[full.turns[0].end :] == (0, 0, 0)
     # budget spent inside the first turn: cut like a single-turn sample
     short = (
         rollout(model, tokenizer, renderer)

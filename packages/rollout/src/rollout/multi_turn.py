@@ -186,7 +186,9 @@ class MultiTurnRollout:
             answers = env.respond([t for _, t in mine], [c.context for c, _ in mine])
             for (conv, _), observation in zip(mine, answers, strict=True):
                 ids = self.renderer.ids(observation.messages)
-                if len(conv.ids) + len(ids) >= conv.budget:  # no token left to answer
+                room = conv.budget - len(conv.ids)
+                if len(ids) >= room:  # no token left to answer: cut at the budget, as verl
+                    conv.appended(ids[:room], observation)  # cuts a response; calls counted
                     conv.finish = "length"
                     continue
                 conv.appended(ids, observation)

@@ -9,6 +9,7 @@ key, file or row; ``main`` prints it and exits 2 (``--debug`` shows the tracebac
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from klppo_train.budgets.faults import FAULTS
+from klppo_train.checks.tools import check_agents, check_turns, load_tools
 from klppo_train.checks.validate import sequence_parallel_size, validate_config
 from klppo_train.config.errors import UserError, user_errors
 from klppo_train.config.schema import AppConfig, RewardModelConfig, TrainerConfig
@@ -43,6 +45,7 @@ class Checked:
     val: PromptDataset
     rewards: RewardManager
     rm_tokenizer: Any = None  # the reward model's (reward_model.enable)
+    tools: list | None = None  # rollout.multi_turn's tools, built (None: single-turn)
 
 
 def _tokenizer(cfg: AppConfig):
@@ -62,9 +65,16 @@ def _tokenizer(cfg: AppConfig):
         return load_tokenizer(path)
 
 
-def _dataset(cfg: AppConfig, key: str, rows: list, tokenizer) -> PromptDataset:
+def _dataset(cfg: AppConfig, key: str, rows: list, tokenizer, tools=None) -> PromptDataset:
     with user_errors(f"data.{key}: "):
-        dataset = PromptDataset(rows, tokenizer, cfg.data)
+        dataset = PromptDataset(rows, tokenizer, cfg.data, tools=tools)
+    check_agents(cfg.rollout.multi_turn.enable, key, dataset)
+    if dataset.template_ignores_tools:
+        log.warning(
+            "data.%s: the chat template renders the prompts without the tools' schemas (it "
+            "has no 'tools' variable): say in the prompts how to call them",
+            key,
+        )
     limit = cfg.data.max_prompt_length
     if dataset.num_filtered:
         log.info(
@@ -348,12 +358,20 @@ def _check_lora_targets(cfg: AppConfig) -> None:
 
 def preflight(cfg: AppConfig, world_size: int = 1, advice: list[str] | None = None) -> Checked:
     """All checks, in order: config (unless the caller ran :func:`validate_config` and
-    passes its ``advice``), model directory + tokenizer, data, rewards."""
-    data = (read_rows, _dataset)
+    passes its ``advice``), the tools (``rollout.multi_turn``), model directory +
+    tokenizer, data (rendered with the tools), the chat template's turns, rewards."""
+    if advice is None:
+        with user_errors():
+            advice = validate_config(cfg, world_size)
+    tools = load_tools(cfg.rollout.multi_turn)
+    schemas = [dict(t.schema) for t in tools] if tools else None
+    data = (read_rows, functools.partial(_dataset, tools=schemas))
     advice, tokenizer, train, val = _checked_data(cfg, world_size, advice, data, "prompts")
+    if tools:
+        check_turns(cfg.model.path, tokenizer)
     rewards = _rewards(cfg, {"train_files": train, "val_files": val})
     rm_tokenizer = _reward_model_checks(cfg, tokenizer)
     _check_best_metric(cfg.trainer, validation_metrics(val, rewards, cfg.reward_model.enable))
     _check_heads(cfg)
     _check_lora_targets(cfg)
-    return Checked(advice, tokenizer, train, val, rewards, rm_tokenizer)
+    return Checked(advice, tokenizer, train, val, rewards, rm_tokenizer, tools)

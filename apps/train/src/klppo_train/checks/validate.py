@@ -7,6 +7,7 @@ advice) for the caller to log.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import fields
 from pathlib import Path
 
 from batching import check_token_budgets
@@ -26,6 +27,7 @@ from klppo_train.config.schema import (
     AppConfig,
     FilterGroupsConfig,
     ModelConfig,
+    MultiTurnSection,
     OverlongBufferConfig,
     RewardModelConfig,
     TrainerConfig,
@@ -447,6 +449,21 @@ def _check_remax(fg: FilterGroupsConfig, rm: RewardModelConfig) -> None:
         )
 
 
+def _check_multi_turn(mt: MultiTurnSection) -> None:
+    """Tools are what a multi-turn rollout is for (the tool config itself is loaded by the
+    preflight, with the data); its keys take effect only when it is on."""
+    key = "rollout.multi_turn"
+    if mt.enable and not mt.tool_config_path:
+        raise ValueError(
+            f"{key}.enable=true needs {key}.tool_config_path (verl's tool-config YAML, "
+            "e.g. tools: [{class_name: calculator, ...}])"
+        )
+    if not mt.enable:
+        for f in fields(MultiTurnSection):
+            if f.name != "enable" and getattr(mt, f.name) != getattr(MultiTurnSection(), f.name):
+                raise ValueError(f"{key}.{f.name} takes effect only with {key}.enable=true")
+
+
 def _check_rollout_correction(cfg: AppConfig) -> None:
     """``algorithm.rollout_correction``: known names, parseable bounds, and no key set that
     would take no effect."""
@@ -638,6 +655,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
         _check_reward_training(config, world_size)
         return []
     _check_reward_model(config)
+    _check_multi_turn(config.rollout.multi_turn)
     _check_algorithm(config)
     _check_sequence_parallel(config, world_size)
     # The sp ranks of a group hold the same samples: the data splits over the rest.

@@ -57,9 +57,12 @@ def _attributes_section(cls: type) -> dict[str, str]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Every documented field of the dataclass ``cls``; a section without a text of its own
-    gets its class docstring's first paragraph."""
-    docs = {**_attributes_section(cls), **_attribute_docstrings(cls)}
+    """Every documented field of the dataclass ``cls`` (and of the dataclasses it extends: an
+    app section over a package's config); a section without a text of its own gets its class
+    docstring's first paragraph."""
+    docs: dict[str, str] = {}
+    for base in reversed([c for c in cls.__mro__ if is_dataclass(c)]):  # a section's own last
+        docs |= {**_attributes_section(base), **_attribute_docstrings(base)}
     for f in fields(cls):
         section = section_type(cls, f.name)
         if f.name not in docs and section is not None and inspect.getdoc(section):

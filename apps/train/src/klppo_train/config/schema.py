@@ -27,7 +27,7 @@ from fsdp_sharding import ShardingConfig
 from klppo_train.config.choices import VARLEN
 from klppo_train.config.data import DataConfig
 from klppo_train.config.verl_names import DERIVED, translate
-from rollout import HFEngineConfig, SamplingConfig, VLLMConfig
+from rollout import HFEngineConfig, MultiTurnConfig, SamplingConfig, VLLMConfig
 
 log = logging.getLogger("klppo_train")
 
@@ -231,6 +231,21 @@ class CriticConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MultiTurnSection(MultiTurnConfig):
+    """Multi-turn, tool-calling rollouts (verl's ``actor_rollout_ref.rollout.multi_turn``):
+    the package's ``MultiTurnConfig`` (turn limits, tool answers' length, the call format)
+    plus whether they are on and which tools they have (klppo_train.agents)."""
+
+    enable: bool = False
+    """Conversations with tools: generate, run the calls the model wrote, append the tools'
+    answers, generate again (training and validation alike); the loss skips the tools'
+    tokens. Needs a chat template whose assistant turn ends with the EOS token."""
+    tool_config_path: str | None = None
+    """verl's tool-config YAML: ``tools: [{class_name, config, tool_schema}]``; class_name a
+    built-in (``calculator``) or a user's class (``pkg.module.Class``, ``file.py:Class``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """The rollout: the package's ``SamplingConfig`` and engine configs, plus the app's passes.
 
@@ -257,6 +272,8 @@ class RolloutConfig:
     """Tokens per micro-batch of the old-log-prob pass, or auto."""
     val_temperature: float = 0.0
     """Sampling temperature of validation (0: greedy), one sample per prompt."""
+    multi_turn: MultiTurnSection = field(default_factory=MultiTurnSection)
+    """Multi-turn, tool-calling rollouts (off by default)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -727,7 +744,10 @@ def _failing_section(node: DictConfig, path: str) -> str | None:
     try:
         OmegaConf.to_object(node)
     except ValueError as err:
-        return str(err).replace(f"{OmegaConf.get_type(node).__name__}.", path)
+        message = str(err)
+        for cls in OmegaConf.get_type(node).__mro__:  # an app section over a package's config
+            message = message.replace(f"{cls.__name__}.", path)
+        return message
     return None
 
 

@@ -7,6 +7,9 @@ A row (one prompt) has the columns verl's example datasets use::
     ability       str                        free-form tag, e.g. "math"
     reward_model  {style: str, ground_truth: str}
     extra_info    struct, optional           kept as-is and handed to the reward
+                                             (and its tools_kwargs to the row's tool calls)
+    agent_name    str, optional              multi-turn: the row's agent (tool_agent,
+                                             single_turn_agent: klppo_train.agents)
 
 The built-in datasets (arithmetic, GSM8K conversion) and their command line are in
 :mod:`klppo_train.demo.tasks`.
@@ -25,6 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from klppo_train.config.data import DataConfig
+
+# The values of verl's agent_name column klppo runs (klppo_train.agents.samplers): tools'
+# calls answered (the default with multi-turn on), or one assistant turn, never answered.
+TOOL_AGENT, SINGLE_TURN_AGENT = "tool_agent", "single_turn_agent"
+AGENTS = (TOOL_AGENT, SINGLE_TURN_AGENT)
 
 # ---------------------------------------------------------------------------- rows
 
@@ -60,13 +68,17 @@ def check_row(row: Any, where: str) -> dict[str, Any]:
     extra = row.get("extra_info")
     if extra is not None and not isinstance(extra, dict):
         raise ValueError(f"{where}: 'extra_info' must be a dict or missing, got {extra!r}")
-    return {
+    agent = row.get("agent_name")
+    if agent is not None and not is_str(agent):
+        raise ValueError(f"{where}: 'agent_name' must be a str or missing, got {agent!r}")
+    checked = {
         "data_source": row["data_source"],
         "prompt": [{"role": m["role"], "content": m["content"]} for m in prompt],
         "ability": row["ability"],
         "reward_model": {"style": reward["style"], "ground_truth": reward["ground_truth"]},
         "extra_info": dict(extra or {}),
     }
+    return checked | ({"agent_name": agent} if agent else {})
 
 
 def is_str(value: Any) -> bool:
@@ -133,7 +145,9 @@ def write_parquet(
     if "extra_info" in rows[0] and not any(r["extra_info"] for r in rows):
         # Parquet cannot store a struct without fields; read_rows treats a missing column as {}.
         rows = [{k: v for k, v in r.items() if k != "extra_info"} for r in rows]
-    table = pa.Table.from_pylist(rows)
+    # every column any row has (from_pylist takes the first row's): agent_name is optional
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    table = pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -161,6 +175,7 @@ class PromptItem:
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
     messages: tuple[dict[str, str], ...] = ()
+    agent_name: str = ""  # the row's (multi-turn); "": the run's default agent
 
 
 class PromptDataset:
@@ -170,16 +185,26 @@ class PromptDataset:
         rows: validated rows, e.g. from :func:`read_rows`.
         tokenizer: a HF tokenizer with a ``chat_template``.
         config: length limit, truncation mode and filtering.
+        tools: the tools' schemas, rendered into each prompt by the chat template (its
+            ``tools`` variable, as verl does) except a ``single_turn_agent`` row's.
 
     Raises:
         ValueError: the tokenizer has no chat template, or (``truncation="error"`` without
             filtering) a prompt is too long, naming the row index and its length.
     """
 
-    def __init__(self, rows: Sequence[dict[str, Any]], tokenizer: Any, config: DataConfig):
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        config: DataConfig,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("PromptDataset: the tokenizer has no chat_template to render prompts")
         self.config = config
+        self.tools = list(tools) if tools else None
+        self.template_ignores_tools: bool | None = None  # asked on the first row with tools
         self.num_filtered = 0
         self.items: list[PromptItem] = []
         for i, row in enumerate(rows):
@@ -189,11 +214,26 @@ class PromptDataset:
             else:
                 self.items.append(item)
 
-    def _make_item(self, i: int, row: dict[str, Any], tokenizer: Any) -> PromptItem | None:
-        ids = tokenizer.apply_chat_template(
-            row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
+    def _render(self, row: dict[str, Any], tokenizer: Any) -> list[int]:
+        tools = self.tools if row.get("agent_name") != SINGLE_TURN_AGENT else None
+        ids = list(
+            tokenizer.apply_chat_template(
+                row["prompt"],
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
         )
-        ids = list(ids)
+        if tools and self.template_ignores_tools is None:
+            plain = tokenizer.apply_chat_template(
+                row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            self.template_ignores_tools = list(plain) == ids
+        return ids
+
+    def _make_item(self, i: int, row: dict[str, Any], tokenizer: Any) -> PromptItem | None:
+        ids = self._render(row, tokenizer)
         limit, mode = self.config.max_prompt_length, self.config.truncation
         overlong = len(ids) > limit
         if overlong and self.config.filter_overlong_prompts:
@@ -213,6 +253,7 @@ class PromptDataset:
             ground_truth=row["reward_model"]["ground_truth"],
             extra_info=dict(row.get("extra_info") or {}),
             messages=tuple(row["prompt"]),
+            agent_name=row.get("agent_name", ""),
         )
 
     def __len__(self) -> int:

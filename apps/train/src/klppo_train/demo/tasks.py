@@ -33,6 +33,9 @@ COMPACT = "{a}{op}{b}="
 # length and goes wrong (greedy ~37 % right on 0..12), concise "a op b = c" answers are
 # right far more often (~60 %): a behaviour RL can find from the reward alone.
 PLAIN = "What is {a} {op} {b}?"
+# The tool-use demo's (klppo_train.demo.tool_use): products asked tersely, answered with a
+# calculator call and then "The answer is <n>." (klppo_train.data.rewards.answer_is_score).
+TERSE = "What is {a}{op}{b}?"
 
 
 def make_arithmetic_rows(
@@ -73,13 +76,14 @@ def arithmetic_split(
     ops: Sequence[str],
     data_source: str = "arithmetic",
     template: str = QUESTION,
+    min_operand: int = 0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(train, val)`` rows asking ``template`` with **held-out** validation: the
-    ``n_val`` validation problems (distinct ``a op b``) never occur among the ``n_train``
-    training rows (drawn, with repeats, from the other problems)."""
-    problems = [
-        (a, op, b) for op in ops for a in range(max_operand + 1) for b in range(max_operand + 1)
-    ]
+    ``n_val`` validation problems (distinct ``a op b``, operands in ``min_operand`` ..
+    ``max_operand``) never occur among the ``n_train`` training rows (drawn, with repeats,
+    from the other problems)."""
+    operands = range(min_operand, max_operand + 1)
+    problems = [(a, op, b) for op in ops for a in operands for b in operands]
     if n_val >= len(problems):
         raise ValueError(f"arithmetic_split: {n_val} held-out problems of only {len(problems)}")
     rng = random.Random(seed)
@@ -107,6 +111,17 @@ DATA_SOURCES = {
         ops=("+", "-", "*"),
         data_source="arithmetic_chat",
         template=PLAIN,
+    ),
+    # The tiny tool-use model's task: products of 2..30 (klppo_train.demo.tool_use).
+    "calculator_multiply": lambda: arithmetic_split(
+        512,
+        64,
+        seed=0,
+        min_operand=2,
+        max_operand=30,
+        ops=("*",),
+        data_source="calculator_multiply",
+        template=TERSE,
     ),
 }
 

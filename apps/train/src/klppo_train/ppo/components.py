@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from klppo_train.agents.samplers import Sampler
 from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.config.roles import ROLES
 from klppo_train.data.rewards import RewardManager
@@ -47,6 +48,7 @@ class Components:
 
     actor: Trainee
     engine: RolloutEngine
+    sampler: Sampler  # the engine's single turn or conversations with tools (validation's too)
     weight_sync: WeightPublisher
     rollouts: RolloutSource
     tokenizer: Any  # a HF tokenizer (any class: the embedded one is a plain fast tokenizer)

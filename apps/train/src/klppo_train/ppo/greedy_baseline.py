@@ -52,9 +52,7 @@ class GreedyBaseline(OverColocated):
         if not items:
             return torch.zeros(0)
         inner = self.inner
-        batch = inner.engine.generate(
-            [list(i.prompt_ids) for i in items], inner.plan.sampling.for_baseline(step)
-        )
+        batch = inner.sampler.sample(items, inner.plan.sampling.for_baseline(step))
         t = trajectories(
             [i.prompt_ids for i in items],
             batch,

@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from fsdp_sharding import default_device
+from klppo_train.agents.samplers import Sampler
 from klppo_train.data.datasets import PromptItem
 from klppo_train.ppo.balance import balance_rollouts
 from klppo_train.runtime.engine import RolloutStats, Sampling
@@ -89,20 +90,22 @@ class ColocatedRollouts:
     publisher: WeightPublisher
     plan: StepPlan
     pad_token_id: int
+    sampler: Sampler  # the engine's single turn, or conversations with tools over it
     stats: RolloutStats | None = None  # vLLM's counters per step (log stats on)
 
     def generate(self, items: Sequence[PromptItem], step: int, span: range):
-        """``(items, trajectories, balance metrics)``: rollouts of this rank's ``items`` (the
+        """``(items, trajectories, metrics)``: rollouts of this rank's ``items`` (the
         step's prompts ``span``), re-split over the ranks by tokens when
-        ``trainer.balance_batch``."""
-        items, t, balance, _ = self.lay_out(items, self.sample(items, step, span), list(span))
-        return items, t, balance
+        ``trainer.balance_batch``; the sampler's metrics (multi-turn) and the balance's."""
+        batch = self.sample(items, step, span)
+        items, t, metrics, _ = self.lay_out(items, batch, list(span))
+        return items, t, metrics | self.sampler.metrics(batch)
 
     def sample(self, items: Sequence[PromptItem], step: int, span: Sequence[int]) -> RolloutBatch:
-        """The engine's samples of this rank's ``items`` (the step's prompts ``span``: their
-        positions, which seed them)."""
-        batch = self.engine.generate(
-            [list(i.prompt_ids) for i in items],
+        """The sampler's samples of this rank's ``items`` (the step's prompts ``span``:
+        their positions, which seed them)."""
+        batch = self.sampler.sample(
+            items,
             self.plan.sampling.for_step(step),
             seeds=self.plan.sampling.request_seeds(step, span),
         )

@@ -214,6 +214,10 @@ MEANS = (
     "perf/dp_imbalance_after",
     "rollout/prefix_cache_hit_rate",  # each rank's engine and cache
 )
+# Per-sample means of each rank's equal share of the step's samples (before the re-split).
+MEAN_PREFIXES = ("multi_turn/", "tool/")
+# Ratios whose denominator is another metric: weighted by it.
+WEIGHTED_BY = {"tool/error_rate": "tool/calls_per_sample"}  # failed calls / calls
 
 
 def _combine(name: str, values: list[float], tokens: list[float]) -> float:
@@ -223,7 +227,7 @@ def _combine(name: str, values: list[float], tokens: list[float]) -> float:
         return min(values)
     if name in SUMS:
         return sum(values)
-    if name in MEANS or name.startswith("val/") or len(values) != len(tokens):
+    if name in MEANS or name.startswith(("val/", *MEAN_PREFIXES)) or len(values) != len(tokens):
         return sum(values) / len(values)
     return sum(v * w for v, w in zip(values, tokens, strict=True)) / max(sum(tokens), 1.0)
 
@@ -237,10 +241,15 @@ def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
     if len(gathered) == 1:
         return {k: v for k, v in metrics.items() if k != LOSS_TOKENS}
     tokens = [m.get(LOSS_TOKENS, m.get(TOKENS, 1.0)) for m in gathered]
-    return {
+    combined = {
         key: _combine(key, [m[key] for m in gathered if key in m], tokens)
         for key in sorted({k for m in gathered for k in m} - {LOSS_TOKENS})
     }
+    for name, by in WEIGHTED_BY.items():
+        pairs = [(m[name], m[by]) for m in gathered if name in m and by in m]
+        if pairs and sum(w for _, w in pairs) > 0:
+            combined[name] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    return combined
 
 
 def concat_over_ranks(counts: dict[str, list[float]]) -> dict[str, list[float]]:

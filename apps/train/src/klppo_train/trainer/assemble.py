@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from klppo_train.agents.samplers import MultiTurn, Sampler, SingleTurn
 from klppo_train.budgets.run_budgets import configured, longest_sequence
 from klppo_train.checks.losses import effective_loss_mode, mode_hyperparameters
 from klppo_train.checks.validate import sequence_parallel_size
@@ -49,7 +50,7 @@ from klppo_train.trainer.schedule import make_scheduler
 from klppo_train.workers.passes import ForwardPass, Pass
 from klppo_train.workers.trainee import Trainee
 from ppo_core import SEQUENCE_MEAN_MODES
-from rollout import RolloutEngine, WeightPublisher
+from rollout import RolloutEngine, Tool, WeightPublisher
 
 log = logging.getLogger("klppo_train")
 
@@ -250,6 +251,7 @@ class StepBuilder:
         rm_tokenizer=None,
         update_flops_per_token: float = 0.0,
         export_actor: Callable[..., Any] | None = None,
+        tools: Sequence[Tool] | None = None,
     ) -> Components:
         """The step's objects around the run's models (sharded or not): trainees with their
         optimizers and losses, the forward passes that run in this configuration, the
@@ -258,12 +260,14 @@ class StepBuilder:
         kl_controller = make_kl_controller(cfg.algorithm)
         has_critic = critic is not None
         plan = self.plan()
+        sampler = self.sampler(engine, tokenizer, tools)
         rollouts = ColocatedRollouts(
-            engine, weight_sync, plan, tokenizer.pad_token_id, self.rollout_stats(engine)
+            engine, weight_sync, plan, tokenizer.pad_token_id, sampler, self.rollout_stats(engine)
         )
         return Components(
             actor=self.trainee("actor", actor, self.policy_loss()),
             engine=engine,
+            sampler=sampler,
             weight_sync=weight_sync,
             rollouts=rollouts,
             tokenizer=tokenizer,
@@ -293,6 +297,19 @@ class StepBuilder:
             rollout_correction=self.rollout_correction(),
             shaping=self.shaping(),
         )
+
+    def sampler(self, engine: RolloutEngine, tokenizer, tools: Sequence[Tool] | None) -> Sampler:
+        """The engine's single turn, or with ``rollout.multi_turn.enable`` conversations with
+        the checked ``tools`` over it."""
+        mt = self.cfg.rollout.multi_turn
+        if not mt.enable:
+            return SingleTurn(engine)
+        log.info(
+            "multi-turn rollouts: tools %s, up to %s assistant turns, %s format; the loss "
+            "skips the tools' tokens", [t.name for t in tools or ()],
+            mt.max_assistant_turns or "unlimited", mt.format,
+        )  # fmt: skip
+        return MultiTurn.build(engine, tokenizer, list(tools or ()), mt)
 
     def shaping(self) -> OverlongShaping | None:
         """DAPO's overlong penalty on the sequence rewards (``reward_model.overlong_buffer``)."""

@@ -9,6 +9,7 @@ default's model is prepared with the run directory: :mod:`klppo_train.loop.run_d
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from klppo_train.runtime.lora import Lora, WithoutAdapters, export_lora, lora_of
 from klppo_train.runtime.packed_attention import GROUP_ATTENTION, packed_attention_implementation
 from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding
 from klppo_train.trainer.assemble import StepBuilder
-from rollout import AdapterSync, WeightSync
+from rollout import AdapterSync, Tool, WeightSync
 
 log = logging.getLogger("klppo_train")
 
@@ -184,10 +185,16 @@ def _reward_model(cfg: AppConfig, compute: Precision, path: str = ""):
 
 
 def build_components(
-    cfg: AppConfig, model_dir: Path, tokenizer, rewards: RewardManager, rm_tokenizer=None
+    cfg: AppConfig,
+    model_dir: Path,
+    tokenizer,
+    rewards: RewardManager,
+    rm_tokenizer=None,
+    tools: Sequence[Tool] | None = None,
 ) -> Components:
     """Every component of the run around the checked tokenizers (the policy's, the reward
-    model's) and reward manager; a collective (sharding, engine start)."""
+    model's), reward manager and tools (``rollout.multi_turn``); a collective (sharding,
+    engine start)."""
     compute = resolve_precision(cfg.model.dtype, default_device())
     lora = lora_of(cfg.model)
     actor, flops = _actor(cfg, model_dir, compute, lora)
@@ -202,7 +209,7 @@ def build_components(
         tokenizer=tokenizer, rewards=rewards, ref=ref, critic=critic, reward_model=reward_model,
         ensemble=ensemble,
         rm_tokenizer=rm_tokenizer, update_flops_per_token=flops,
-        export_actor=_actor_export(actor, tokenizer, model_dir, lora),
+        export_actor=_actor_export(actor, tokenizer, model_dir, lora), tools=tools,
     )  # fmt: skip
 
 

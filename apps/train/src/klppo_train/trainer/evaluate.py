@@ -53,6 +53,7 @@ class Evaluation:
     reward model with its budget."""
 
     engine: Any
+    sampler: Any  # over the engine: single-turn or with tools, as training samples
     plan: StepPlan
     tokenizer: Any
     rewards: RewardManager
@@ -84,6 +85,7 @@ def evaluate(cfg: AppConfig, checked: Checked) -> dict:
         return finish(out, metrics_log, start, validated=policy)
     finally:
         if e is not None:
+            e.sampler.close()
             e.engine.close()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -97,7 +99,8 @@ def _build(cfg: AppConfig, checked: Checked, model_dir: Path) -> tuple[Evaluatio
     step, extra = _checkpoint_into(engine, cfg, model_dir, compute)
     builder = StepBuilder(cfg)
     plan = builder.plan()
-    e = Evaluation(engine, plan, checked.tokenizer, checked.rewards)
+    sampler = builder.sampler(engine, checked.tokenizer, checked.tools)
+    e = Evaluation(engine, sampler, plan, checked.tokenizer, checked.rewards)
     if cfg.reward_model.enable:
         model = _reward_model(cfg, compute)
         members = [_reward_model(cfg, compute, p) for p in cfg.reward_model.ensemble.paths]

@@ -101,8 +101,9 @@ class PPOTask:
         """The run's components around the checked tokenizers and rewards (a collective:
         sharding, engine start), its loader and schedulers."""
         c = build_components(
-            cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer
-        )
+            cfg, model_dir, checked.tokenizer, checked.rewards, checked.rm_tokenizer,
+            checked.tools,
+        )  # fmt: skip
         try:
             d = cfg.data
             loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
@@ -116,6 +117,7 @@ class PPOTask:
                 d.val_batch_size, cfg.trainer.log_val_generations, next(iter(found), None),
             )  # fmt: skip
         except BaseException:
+            c.sampler.close()
             c.engine.close()  # the loop closes only a task that exists
             raise
 
@@ -168,4 +170,5 @@ class PPOTask:
             self.c.export_actor(run_dir, "_best")
 
     def close(self) -> None:
+        self.c.sampler.close()  # the tools' threads
         self.c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not

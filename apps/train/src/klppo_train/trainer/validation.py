@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from fsdp_sharding import default_device
+from klppo_train.agents.samplers import conversation
 from klppo_train.ppo.rollouts import StepPlan
 from klppo_train.runtime.process_group import concat_over_ranks, dp_size, rank_slice
 from klppo_train.workers.trajectories import trajectories
@@ -19,6 +20,7 @@ class Validated(Protocol):
     :class:`klppo_train.trainer.evaluate.Evaluation`."""
 
     engine: Any
+    sampler: Any  # the run's (klppo_train.agents.samplers): validation samples as training does
     plan: StepPlan
     tokenizer: Any
     rewards: Any
@@ -35,6 +37,8 @@ class _Answered:
     items: list = field(default_factory=list)
     samples: list = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # multi-turn: per answer, its turns and tool calls
+    turns: dict[str, list[float]] = field(default_factory=dict)
 
 
 def validate(
@@ -58,6 +62,9 @@ def validate(
         _score_batch(c, mine, hits, answered)
     hits = concat_over_ranks(hits)
     metrics = {f"val/{source}/acc": sum(v) / len(v) for source, v in sorted(hits.items())}
+    if c.sampler.multi_turn:  # the same on every rank: concat_over_ranks is a collective
+        turns = concat_over_ranks(answered.turns)
+        metrics |= {f"val/{k}": sum(v) / len(v) for k, v in sorted(turns.items()) if v}
     if c.reward_model is not None and len(items) >= dp_size():  # every rank has samples
         scores = _reward_model_scores(c, answered)
         if answered.keep_rows:
@@ -71,12 +78,13 @@ def validate(
 def _score_batch(c: Validated, mine: list, hits: dict, answered: _Answered) -> None:
     if not mine:  # a last batch smaller than the world size leaves some ranks none
         return
-    prompts = [list(item.prompt_ids) for _, item in mine]
-    batch = c.engine.generate(prompts, c.plan.sampling.for_validation())
+    batch = c.sampler.sample([item for _, item in mine], c.plan.sampling.for_validation())
     for sample in batch.samples:
         position, item = mine[sample.prompt_index]
         answered.items.append(item)
         answered.samples.append(replace(sample, prompt_index=len(answered.samples)))
+        if sample.turns:
+            _count_turns(answered.turns, sample)
         ruled = c.rewards.has_rule(item.data_source)
         if not (ruled or answered.keep_rows):
             continue
@@ -87,6 +95,18 @@ def _score_batch(c: Validated, mine: list, hits: dict, answered: _Answered) -> N
             hits.setdefault(item.data_source, []).append(float(score >= 1.0))
         if answered.keep_rows:
             answered.rows.append(_row(position, item, text, score))
+            if sample.turns:
+                answered.rows[-1]["turns"] = conversation(sample, _decoder(c.tokenizer))
+
+
+def _count_turns(counts: dict[str, list[float]], sample) -> None:
+    """One multi-turn answer's ``multi_turn/turns`` and ``tool/calls_per_sample``."""
+    counts.setdefault("multi_turn/turns", []).append(float(len(sample.turns)))
+    counts.setdefault("tool/calls_per_sample", []).append(float(sum(t.calls for t in sample.turns)))
+
+
+def _decoder(tokenizer):
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
 def _row(position: int, item, response: str, score) -> dict[str, Any]:
