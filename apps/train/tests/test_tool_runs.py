@@ -300,3 +300,18 @@ def test_multi_turn_runs_are_the_same_at_world_size_1_and_2(tool_model, tmp_path
                 "actor/pg_loss", "actor/entropy", "response_length/mean", "perf/response_tokens",
             ):  # fmt: skip
                 assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (a["step"], key)
+
+
+def test_smollm2s_calculator_problems_say_how_to_call_it_and_are_held_out() -> None:
+    from klppo_train.data.datasets import check_row
+    from klppo_train.demo.tasks import CALCULATOR_SYSTEM
+
+    train, val = DATA_SOURCES["calculator_multiply_2digit"]()
+    assert (len(train), len(val)) == (2000, 64)
+    for i, row in enumerate(train + val):
+        check_row(row, f"row {i}")
+        assert row["prompt"][0] == {"role": "system", "content": CALCULATOR_SYSTEM}
+        a, b = (int(x) for x in row["prompt"][1]["content"][8:-1].split("*"))
+        assert 10 <= a <= 99 and 10 <= b <= 99 and row["reward_model"]["ground_truth"] == str(a * b)
+    questions = {r["prompt"][1]["content"] for r in train}
+    assert not questions & {r["prompt"][1]["content"] for r in val}

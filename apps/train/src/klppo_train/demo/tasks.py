@@ -98,6 +98,19 @@ def arithmetic_split(
     return train, [row(i, *p) for i, p in enumerate(held_out)]
 
 
+# SmolLM2's template has no tools variable: its tool-use rows say how to call the calculator.
+CALCULATOR_SYSTEM = (
+    'You can use a calculator. To use it, write <tool_call>{"name": "calculator", '
+    '"arguments": {"expression": "..."}}</tool_call> and wait for its answer. '
+    'Then write "The answer is" and the number.'
+)
+
+
+def with_system(rows: list[dict[str, Any]], system: str) -> list[dict[str, Any]]:
+    """``rows`` with a system message before each prompt."""
+    return [{**r, "prompt": [{"role": "system", "content": system}, *r["prompt"]]} for r in rows]
+
+
 # Built-in datasets a recipe can name as ``data.source``: written at the recipe's paths
 # (under ``trainer.run_dir/data``) when they are missing.
 DATA_SOURCES = {
@@ -112,6 +125,21 @@ DATA_SOURCES = {
         data_source="arithmetic_chat",
         template=PLAIN,
     ),
+    # SmolLM2's tool-use task: two-digit products (0 % greedy without tools), the calculator
+    # described in a system message (klppo_train.demo.tool_use.smollm2_calculator).
+    "calculator_multiply_2digit": lambda: tuple(
+        with_system(rows, CALCULATOR_SYSTEM)
+        for rows in arithmetic_split(
+            2000,
+            64,
+            seed=0,
+            min_operand=10,
+            max_operand=99,
+            ops=("*",),
+            data_source="calculator_multiply",
+            template=TERSE,
+        )
+    ),  # fmt: skip
     # The tiny tool-use model's task: products of 2..30 (klppo_train.demo.tool_use).
     "calculator_multiply": lambda: arithmetic_split(
         512,
