@@ -94,8 +94,9 @@ class MultiTurn:
     ) -> MultiTurn:
         environment = ToolEnvironment.from_config(tools, config)
         agents = {TOOL_AGENT: environment, SINGLE_TURN_AGENT: _SingleTurnAgent()}
-        decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
-        rollout = MultiTurnRollout(engine, TurnRenderer(tokenizer), decode, agents, config)
+        rollout = MultiTurnRollout(
+            engine, TurnRenderer(tokenizer), decoder(tokenizer), agents, config
+        )
         return cls(rollout, environment)
 
     def sample(self, items, sampling, seeds=None) -> RolloutBatch:
@@ -113,6 +114,11 @@ class MultiTurn:
 
     def close(self) -> None:
         self.environment.toolbox.close()
+
+
+def decoder(tokenizer):
+    """``ids -> text`` as the agents and the logs read a turn: special tokens skipped."""
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
 def conversation(sample, decode) -> list[dict[str, str]]:

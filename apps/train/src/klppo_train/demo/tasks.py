@@ -36,6 +36,7 @@ PLAIN = "What is {a} {op} {b}?"
 # The tool-use demo's (klppo_train.demo.tool_use): products asked tersely, answered with a
 # calculator call and then "The answer is <n>." (klppo_train.data.rewards.answer_is_score).
 TERSE = "What is {a}{op}{b}?"
+CALCULATOR_FACTORS = (2, 30)  # the tiny tool-use model's products (its tokenizer's corpus too)
 
 
 def make_arithmetic_rows(
@@ -145,8 +146,8 @@ DATA_SOURCES = {
         512,
         64,
         seed=0,
-        min_operand=2,
-        max_operand=30,
+        min_operand=CALCULATOR_FACTORS[0],
+        max_operand=CALCULATOR_FACTORS[1],
         ops=("*",),
         data_source="calculator_multiply",
         template=TERSE,

@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from klppo_train.demo.embedded import build_model
+from klppo_train.demo.tasks import CALCULATOR_FACTORS as FACTORS
 from klppo_train.demo.tasks import DATA_SOURCES, TERSE
 from klppo_train.runtime.hf_dirs import save_atomically
 from rollout import TurnRenderer
@@ -38,7 +39,6 @@ QUESTION = TERSE.replace("{op}", "*")
 FACTORS_IN = re.compile(r"(\d+)\*(\d+)")
 CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}</tool_call>'
 ANSWER = "The answer is {c}."
-FACTORS = (2, 30)  # as DATA_SOURCES[SOURCE] draws them
 # ChatML (SmolLM2's and Qwen2.5's shape) whose system turn names the tools it is given.
 TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\\ntools:' }}{% for t in tools %}"

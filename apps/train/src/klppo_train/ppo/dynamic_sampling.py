@@ -97,7 +97,7 @@ class DynamicSampling(OverColocated):
         held: list[_Group] = []
         keys: list[int] = []  # every rank's kept groups' keys
         rounds = constant = 0
-        sampled: list[dict[str, float]] = []  # each round's sampler metrics (multi-turn)
+        sampled: list = []  # every round's samples, for the sampler's metrics (multi-turn)
         while True:
             kept, dropped = self._round(items, step, rounds * wanted, sampled)
             rounds += 1
@@ -118,18 +118,18 @@ class DynamicSampling(OverColocated):
             **balance,
             **(stats.since(counted) if stats else {}),
             "timing_s/gen": time.perf_counter() - start,
-            **_round_mean(sampled),
+            **self.inner.sampler.metrics(RolloutBatch(sampled, policy_version=step - 1)),
         }
         metrics.update(self.inner.rest())
         return Collected(mine, t, metrics, rule=rule)
 
     def _round(self, items: Sequence[PromptItem], step: int, offset: int, sampled: list):
         """``(kept groups, number of constant ones)`` of this rank's share of ``items``; the
-        round's sampler metrics appended to ``sampled``."""
+        round's samples appended to ``sampled``."""
         span = rank_span(len(items))
         mine, keys = items[span.start : span.stop], range(offset + span.start, offset + span.stop)
         batch = self.inner.sample(mine, step, keys)
-        sampled.append(self.inner.sampler.metrics(batch))
+        sampled += batch.samples
         t = trajectories(
             [i.prompt_ids for i in mine],
             batch,
@@ -169,12 +169,6 @@ class DynamicSampling(OverColocated):
         )
         rule = [r for p in positions for r in every["rule"][p]]
         return items, t, torch.tensor(rule, device=t.response_mask.device), balance
-
-
-def _round_mean(sampled: list[dict[str, float]]) -> dict[str, float]:
-    """Per-sample means over every round's samples (the rounds are of equal size)."""
-    names = {k for m in sampled for k in m}
-    return {k: sum(m.get(k, 0.0) for m in sampled) / len(sampled) for k in sorted(names)}
 
 
 def _too_few(kept: int, wanted: int, rounds: int, limit: int) -> UserError:

@@ -8,18 +8,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from fsdp_sharding import default_device
-from klppo_train.agents.samplers import conversation
+from klppo_train.agents.samplers import conversation, decoder
 from klppo_train.ppo.rollouts import StepPlan
 from klppo_train.runtime.process_group import concat_over_ranks, dp_size, rank_slice
 from klppo_train.workers.trajectories import trajectories
-from rollout import RolloutBatch
+from rollout import RolloutBatch, multi_turn_metrics
+
+VAL_TURN_METRICS = ("multi_turn/turns", "tool/calls_per_sample")  # as val/<name>, per answer
 
 
 class Validated(Protocol):
     """What validation reads: a run's ``Components``, or ``trainer.val_only``'s
     :class:`klppo_train.trainer.evaluate.Evaluation`."""
 
-    engine: Any
     sampler: Any  # the run's (klppo_train.agents.samplers): validation samples as training does
     plan: StepPlan
     tokenizer: Any
@@ -96,17 +97,15 @@ def _score_batch(c: Validated, mine: list, hits: dict, answered: _Answered) -> N
         if answered.keep_rows:
             answered.rows.append(_row(position, item, text, score))
             if sample.turns:
-                answered.rows[-1]["turns"] = conversation(sample, _decoder(c.tokenizer))
+                answered.rows[-1]["turns"] = conversation(sample, decoder(c.tokenizer))
 
 
 def _count_turns(counts: dict[str, list[float]], sample) -> None:
-    """One multi-turn answer's ``multi_turn/turns`` and ``tool/calls_per_sample``."""
-    counts.setdefault("multi_turn/turns", []).append(float(len(sample.turns)))
-    counts.setdefault("tool/calls_per_sample", []).append(float(sum(t.calls for t in sample.turns)))
-
-
-def _decoder(tokenizer):
-    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+    """One multi-turn answer's :data:`VAL_TURN_METRICS` (kept per answer: the ranks hold
+    different numbers of answers, so their means are taken over all of them)."""
+    one = multi_turn_metrics([sample])
+    for name in VAL_TURN_METRICS:
+        counts.setdefault(name, []).append(one[name])
 
 
 def _row(position: int, item, response: str, score) -> dict[str, Any]:
