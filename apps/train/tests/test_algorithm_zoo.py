@@ -3,6 +3,7 @@
 PPO steps by verl's key names, each loss mode's keys change the step, and bad combinations
 fail before any model loads."""
 
+import copy
 import functools
 import math
 import zlib
@@ -12,15 +13,23 @@ import torch
 from test_step import components
 
 from klppo_train.checks.validate import validate_config
-from klppo_train.config.choices import ADV_ESTIMATORS, REFUSED_ESTIMATORS
+from klppo_train.config.choices import ADV_ESTIMATORS
 from klppo_train.config.data import DataConfig
 from klppo_train.config.schema import load_config
 from klppo_train.data.datasets import PromptDataset
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.ppo.step import ppo_step, rule_scores, train_on
+from klppo_train.ppo.step import (
+    Timings,
+    _advantages,
+    _forward_passes,
+    _reward_model_scores,
+    ppo_step,
+    rule_scores,
+    train_on,
+)
 from klppo_train.trainer.assemble import StepBuilder
-from ppo_core import POLICY_LOSS_MODES
+from ppo_core import POLICY_LOSS_MODES, compute_optimal_token_baseline_advantages
 
 VERL = "actor_rollout_ref.actor."
 # two mini-batches: the second one is off-policy (ratio ≠ 1), where the modes differ most
@@ -163,10 +172,95 @@ def test_the_estimators_give_their_own_advantages() -> None:
     assert got["opo"] == pytest.approx(got["gpg"]) == pytest.approx(got["rloo"] / 2)
 
 
-@pytest.mark.parametrize("estimator", sorted(REFUSED_ESTIMATORS))
-def test_estimators_the_step_cannot_feed_are_refused_with_the_reason(estimator: str) -> None:
-    with pytest.raises(ValueError, match=f"adv_estimator={estimator} is not run by klppo yet: "):
-        validate_config(load_config(None, [f"algorithm.adv_estimator={estimator}"]))
+ON_POLICY = ("actor.ppo_mini_batch_size=4", "critic.enable=false")  # the shortcut's set-up
+RANDOM_RM = ("reward_model.enable=true", "reward_model.path=rm")  # scores that differ
+
+
+def _plain_forward(model, t, temperature: float):
+    """log π and Σπ² of each response token from a whole-sequence forward of each sample
+    alone, padding dropped (sdpa attention: not the trainer's packed path), ``[N, T]``."""
+    model = copy.deepcopy(model)
+    model.set_attn_implementation("sdpa")
+    T = t.response_length
+    logp, spp = torch.zeros(t.response_mask.shape), torch.zeros(t.response_mask.shape)
+    with torch.no_grad():
+        for i in range(t.input_ids.shape[0]):
+            keep = t.attention_mask[i].bool()
+            ids = t.input_ids[i][keep]
+            r = int(t.response_mask[i].sum())
+            p = ids.shape[0] - r
+            probs = torch.softmax(model(ids[None]).logits[0].double() / temperature, -1)
+            at = probs[p - 1 : p + r - 1]
+            logp[i, :r] = at.gather(-1, ids[p:, None]).squeeze(-1).log().float()
+            spp[i, :r] = at.square().sum(-1).float()
+    assert t.response_mask.shape[1] == T
+    return logp, spp
+
+
+def test_optimal_token_baseline_reads_the_old_passes_sum_pi_squared() -> None:
+    """One mini-batch and no KL in the reward would skip the old-log-prob pass (the
+    on-policy shortcut); the optimal token baseline runs it, and its Σπ² and log π_old
+    equal a plain forward's (1e-5); the step's advantages are ppo_core's on those inputs
+    and the rewards, and actor/sum_pi_squared their mean over the loss tokens."""
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    extra = (*ON_POLICY, *RANDOM_RM, "algorithm.adv_estimator=optimal_token_baseline")
+    cfg, c = components(tokenizer, (*OFF_POLICY, *extra))
+    assert not c.on_policy_shortcut and c.old_log_prob.with_sum_pi_squared
+    items = PromptDataset(
+        make_arithmetic_rows(4, seed=0), tokenizer, DataConfig(max_prompt_length=64)
+    ).items
+    t = c.rollouts.collect(items, 1).trajectories
+    passed = _forward_passes(c, t, 1, Timings())
+    logp, spp = _plain_forward(c.actor.model, t, cfg.rollout.sampling.temperature)
+    mask = t.loss_mask.bool()
+    torch.testing.assert_close(passed.sum_pi_squared[mask], spp[mask], rtol=0, atol=1e-5)
+    torch.testing.assert_close(passed.old_logprobs[mask], logp[mask], rtol=0, atol=1e-5)
+    rm_raw = _reward_model_scores(c, items, passed, 1, Timings())
+    scored, scores, _ = _advantages(c, items, passed, rm_raw, None)
+    want, _ = compute_optimal_token_baseline_advantages(scores, t.prompt_index, t.loss_mask,
+                                                        logp, spp)  # fmt: skip
+    torch.testing.assert_close(scored.advantages, want, rtol=0, atol=1e-4)
+    assert scored.advantages[mask].abs().sum() > 0
+    metrics = train_on(c, items, t, 1)
+    assert "timing_s/old_log_prob" in metrics
+    assert metrics["actor/sum_pi_squared"] == pytest.approx(float(spp[mask].mean()), abs=1e-5)
+
+
+def test_calculate_sum_pi_squared_takes_effect_with_any_estimator() -> None:
+    """verl's actor.calculate_sum_pi_squared with GRPO: the old pass runs on the on-policy
+    set-up and logs Σπ²; without it the shortcut skips the pass and there is none."""
+    grpo = [*ON_POLICY, "algorithm.adv_estimator=grpo"]
+    on = steps([*grpo, f"{VERL}calculate_sum_pi_squared=true"])[0]
+    off = steps(grpo)[0]
+    assert 0 < on["actor/sum_pi_squared"] <= 1 and "timing_s/old_log_prob" in on
+    assert "actor/sum_pi_squared" not in off and "timing_s/old_log_prob" not in off
+    assert off["actor/on_policy_shortcut"] == 1.0 and on["actor/on_policy_shortcut"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["algorithm.adv_estimator=optimal_token_baseline",
+             "algorithm.rollout_correction.bypass_mode=true"],
+            "adv_estimator=optimal_token_baseline needs Σπ² from the old-log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode skips",
+        ),
+        (
+            [f"{VERL}calculate_sum_pi_squared=true",
+             "algorithm.rollout_correction.bypass_mode=true"],
+            "actor.calculate_sum_pi_squared needs Σπ²",
+        ),
+        (
+            ["algorithm.adv_estimator=tir_optimal_token_baseline", "rollout.n=1"],
+            "is a baseline over a prompt's samples: rollout.n must be >= 2, got 1",
+        ),
+    ],
+)  # fmt: skip
+def test_token_baseline_combinations_fail_before_any_model(extra, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_config(load_config(None, ["critic.enable=false", *extra]))
 
 
 OVERLONG = "reward_model.reward_kwargs.overlong_buffer_cfg."  # verl's DAPO recipes' keys

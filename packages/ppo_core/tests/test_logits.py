@@ -131,3 +131,26 @@ def test_autograd_keeps_no_float32_copy_of_the_logits() -> None:
 def test_empty_input() -> None:
     logprob, entropy = logprobs_and_entropy(torch.zeros(0, 5), torch.zeros(0, dtype=torch.long))
     assert logprob.shape == entropy.shape == (0,)
+
+
+def test_sum_pi_squared_hand_values(tiny_chunks) -> None:
+    """p = [1/6, 2/6, 3/6]: Σp² = (1 + 4 + 9) / 36 = 7/18; uniform over 4: 1/4; at τ = 2,
+    p ∝ [1, √2, √3]: Σp² = (1 + 2 + 3) / (1 + √2 + √3)²; against softmax² on random
+    logits over 8 chunks; bf16 in, float32 out."""
+    from ppo_core import sum_pi_squared_from_logits
+
+    assert sum_pi_squared_from_logits(Z).item() == pytest.approx(7 / 18, abs=1e-12)
+    torch.testing.assert_close(sum_pi_squared_from_logits(torch.zeros(2, 3, 4)),
+                               torch.full((2, 3), 0.25))  # fmt: skip
+    hot = 6 / (1 + math.sqrt(2) + math.sqrt(3)) ** 2
+    assert sum_pi_squared_from_logits(Z, temperature=2.0).item() == pytest.approx(hot, abs=1e-12)
+    torch.manual_seed(2)
+    logits = torch.randn(3, 5, 13, dtype=torch.float64) * 4
+    want = torch.softmax(logits / 0.7, -1).square().sum(-1)
+    got = sum_pi_squared_from_logits(logits, 0.7)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    half = sum_pi_squared_from_logits(logits.to(torch.bfloat16), 0.7)
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half.double(), want, rtol=0, atol=0.05)
+    with pytest.raises(ValueError, match="temperature"):
+        sum_pi_squared_from_logits(Z, temperature=0.0)

@@ -4,7 +4,8 @@ Plain functions with explicit arguments, so they drop into any training loop:
 
 - masked ops: :func:`masked_mean`, :func:`masked_sum`, :func:`masked_var`, :func:`masked_whiten`
   (whole-batch statistics under data parallelism with ``dp_sum``, :data:`SumOverRanks`)
-- logits: :func:`logprobs_and_entropy`, :func:`logprobs_from_logits`, :func:`entropy_from_logits`
+- logits: :func:`logprobs_and_entropy`, :func:`logprobs_from_logits`, :func:`entropy_from_logits`,
+  :func:`sum_pi_squared_from_logits`
 - KL: :func:`kl_penalty`, :func:`apply_kl_penalty`, :class:`FixedKLController`,
   :class:`AdaptiveKLController`
 - advantages: :func:`compute_gae`, :func:`compute_grpo_advantages`,
@@ -60,6 +61,7 @@ _EXPORTS = {
     "compute_reinforce_pp_advantages": "advantages",
     "compute_rloo_advantages": "advantages",
     "entropy_from_logits": "logits",
+    "sum_pi_squared_from_logits": "logits",
     "kl_penalty": "kl",
     "logprobs_and_entropy": "logits",
     "logprobs_from_logits": "logits",

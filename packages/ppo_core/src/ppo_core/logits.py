@@ -197,3 +197,32 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """
     labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
     return logprobs_and_entropy(logits, labels)[1]
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Σ_v p_v² of p = softmax(z / τ) at every position, chunk by chunk in float32: the
+    collision probability, which the optimal token baseline reads
+    (:func:`ppo_core.compute_optimal_token_baseline_advantages`; verl's
+    ``calculate_sum_pi_squared``). 1/V ≤ Σp² ≤ 1; ‖∇_z log p(y)‖² = 1 − 2p(y) + Σp².
+
+    Σp² = Σ_v exp(2(z_v − lse)) = Σ e_v² / (Σ e_v)², e = exp(z − max z).
+
+    Args:
+        logits: ``[B, T, V]`` (any leading shape ``[..., V]``), any float dtype.
+        temperature: τ > 0, the sampling temperature.
+
+    Returns:
+        ``[B, T]``, float32 (float64 for float64 logits); not differentiable.
+    """
+    if not temperature > 0:
+        raise ValueError(f"`temperature` must be > 0, got {temperature}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=_compute_dtype(flat.dtype), device=flat.device)
+    step = _rows_per_chunk(flat.shape[-1])
+    for start in range(0, flat.shape[0], step):
+        z = _scaled(flat[start : start + step], temperature)
+        z.sub_(z.amax(-1, keepdim=True)).clamp_(min=_exp_floor(z.dtype))
+        e = z.exp_()
+        out[start : start + step] = e.square().sum(-1) / e.sum(-1).square()
+    return out.reshape(logits.shape[:-1])

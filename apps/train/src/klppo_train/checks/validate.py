@@ -18,8 +18,8 @@ from klppo_train.config.choices import (
     ATTN_IMPLEMENTATIONS,
     DTYPES,
     GROUP_ESTIMATORS,
-    REFUSED_ESTIMATORS,
     SCHEDULES,
+    TOKEN_BASELINE_ESTIMATORS,
     VARLEN,
 )
 from klppo_train.config.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
@@ -38,7 +38,7 @@ from klppo_train.tracking.backends import check_loggers
 from ppo_core import IS_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSS_MODES, rejection_rules
 
 CHOICES = {
-    "algorithm.adv_estimator": (*ADV_ESTIMATORS, *REFUSED_ESTIMATORS),  # refused: with why
+    "algorithm.adv_estimator": ADV_ESTIMATORS,
     "algorithm.kl_penalty": KL_ESTIMATORS,
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "actor.loss_agg_mode": LOSS_AGG_MODES,
@@ -385,11 +385,8 @@ def _check_algorithm(cfg: AppConfig) -> None:
     check_policy_loss(cfg.actor, cfg.algorithm.rollout_correction)
     _check_filter_groups(cfg.algorithm.filter_groups, cfg.reward_model, cfg.rollout.sampling.n)
     estimator = cfg.algorithm.adv_estimator
-    if estimator in REFUSED_ESTIMATORS:
-        raise ValueError(
-            f"algorithm.adv_estimator={estimator} is not run by klppo yet: "
-            f"{REFUSED_ESTIMATORS[estimator]}"
-        )
+    if estimator in TOKEN_BASELINE_ESTIMATORS or cfg.actor.calculate_sum_pi_squared:
+        _check_sum_pi_squared(cfg)
     if estimator == "remax":
         _check_remax(cfg.algorithm.filter_groups, cfg.reward_model)
     if estimator == "gae" and not cfg.critic.enable:
@@ -397,6 +394,29 @@ def _check_algorithm(cfg: AppConfig) -> None:
     if estimator in GROUP_ESTIMATORS and cfg.rollout.sampling.n < 2:
         raise ValueError(
             f"algorithm.adv_estimator={estimator} compares samples of one prompt: "
+            f"rollout.n must be >= 2, got {cfg.rollout.sampling.n}"
+        )
+
+
+def _check_sum_pi_squared(cfg: AppConfig) -> None:
+    """Σπ² comes from the old-log-prob pass; the optimal token baseline reads it and weighs
+    a prompt's responses against each other."""
+    estimator = cfg.algorithm.adv_estimator
+    if estimator not in TOKEN_BASELINE_ESTIMATORS:
+        estimator = ""
+    if cfg.algorithm.rollout_correction.bypass_mode:
+        who = (
+            f"algorithm.adv_estimator={estimator}"
+            if estimator
+            else "actor.calculate_sum_pi_squared"
+        )
+        raise ValueError(
+            f"{who} needs Σπ² from the old-log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode skips: turn one of them off"
+        )
+    if estimator and cfg.rollout.sampling.n < 2:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} is a baseline over a prompt's samples: "
             f"rollout.n must be >= 2, got {cfg.rollout.sampling.n}"
         )
 

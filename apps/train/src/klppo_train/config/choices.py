@@ -7,19 +7,15 @@ from __future__ import annotations
 ADV_ESTIMATORS = (
     "gae", "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized",
     "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg", "remax",
+    "optimal_token_baseline", "tir_optimal_token_baseline",
 )  # fmt: skip
 """algorithm.adv_estimator (klppo_train.ppo.algorithm; the math: ppo_core.ADVANTAGE_ESTIMATORS)."""
 
 GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized")
 """Estimators that compare a prompt's samples with each other: they need rollout.n >= 2."""
 
-REFUSED_ESTIMATORS = {
-    "optimal_token_baseline": "it needs Σπ² over the vocabulary at each response token from "
-    "the old-log-prob pass, which the step does not compute yet",
-    "tir_optimal_token_baseline": "it needs Σπ² over the vocabulary at each response token "
-    "from the old-log-prob pass, which the step does not compute yet",
-}
-"""verl's estimators ppo_core has and the app does not run yet, with the reason."""
+TOKEN_BASELINE_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+"""Estimators that read Σπ² and log π_old of the old-log-prob pass (which then always runs)."""
 
 VARLEN = "klppo_varlen"
 """klppo's packed attention (klppo_train.runtime.packed_attention)."""

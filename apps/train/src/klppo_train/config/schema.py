@@ -140,6 +140,10 @@ class ActorConfig:
     (gspo and sapo aggregate seq-mean-token-mean whatever it says, as verl)."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient (0: none)."""
+    calculate_sum_pi_squared: bool = False
+    """The old-log-prob pass also computes Σ_v π(v)² at each response token (logged as
+    actor/sum_pi_squared; the pass then runs on on-policy steps too). The optimal token
+    baseline estimators read it and turn it on by themselves (verl requires the key)."""
     use_kl_loss: bool = False
     """Add a KL(π ‖ π_ref) loss (GRPO's) instead of, or besides, the KL in the reward."""
     kl_loss_coef: float = 0.001
@@ -348,7 +352,9 @@ class AlgorithmConfig:
     """gae (needs the critic) | grpo | grpo_passk | rloo | reinforce_plus_plus |
     reinforce_plus_plus_baseline | opo | gpg (and verl's *_vectorized twins of grpo, rloo);
     remax (the baseline: a greedy answer's rule reward, one more generation per prompt);
-    optimal_token_baseline is refused with the reason."""
+    optimal_token_baseline | tir_optimal_token_baseline (a per-token baseline weighted by
+    Σπ² of the old-log-prob pass, which then always runs; tir_ aligns a group's responses
+    by their counted tokens, for multi-turn responses with tool tokens inside)."""
     gamma: float = 1.0
     """Discount γ (gae, reinforce_plus_plus)."""
     lam: float = 1.0

@@ -24,6 +24,7 @@ from ppo_core import (
     compute_grpo_advantages,
     compute_grpo_passk_advantages,
     compute_opo_advantages,
+    compute_optimal_token_baseline_advantages,
     compute_reinforce_pp_advantages,
     compute_reinforce_pp_baseline_advantages,
     compute_remax_advantages,
@@ -74,57 +75,82 @@ class KLInReward:
         }
 
 
-# (token_rewards, response_mask, *, values, group_ids) -> (advantages, returns), all [N, T]
+# (token_rewards, response_mask, **inputs) -> (advantages, returns), all [N, T]; the
+# keywords are AdvantageInputs' fields.
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What estimators read besides the rewards and the mask, None where the step has none:
+    ``values`` ``[N, T]`` (the critic's), ``group_ids`` ``[N]`` (the prompt of each sample),
+    ``baselines`` ``[N]`` (ReMax's greedy rewards), ``old_logprobs`` and ``sum_pi_squared``
+    ``[N, T]`` (the old-log-prob pass's), ``is_weights`` ``[N, T]`` (rollout correction's)."""
+
+    values: torch.Tensor | None = None
+    group_ids: torch.Tensor | None = None
+    baselines: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+
+    def need(self, estimator: str, name: str, what: str) -> torch.Tensor:
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"algorithm.adv_estimator={estimator} needs {what}")
+        return value
 
 
 def _sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     return (token_rewards * response_mask).sum(-1)
 
 
-def _needs(name: str, what: str, value: torch.Tensor | None) -> torch.Tensor:
-    if value is None:
-        raise ValueError(f"algorithm.adv_estimator={name} needs {what}")
-    return value
-
-
-def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, AdvantageFn]:
-    """Each estimator as one signature; GRPO/RLOO score each sequence by its summed token
-    rewards and group the samples of one prompt by ``group_ids`` (whole on one rank); GAE
-    and REINFORCE++ whiten over every rank's samples through ``dp_sum``."""
+def _estimators(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None) -> dict[str, Callable]:
+    """Each estimator as ``fn(rewards, mask, inputs: AdvantageInputs)``; GRPO/RLOO score
+    each sequence by its summed token rewards and group the samples of one prompt by
+    ``group_ids`` (whole on one rank); GAE and REINFORCE++ whiten over every rank's samples
+    through ``dp_sum``."""
     prompts = "the prompt index of each sample"
 
-    def grouped(name: str, fn, **kw) -> AdvantageFn:
-        return lambda r, m, *, values=None, group_ids=None, baselines=None: fn(
-            _sequence_scores(r, m), _needs(name, prompts, group_ids), m, **kw
+    def grouped(name: str, fn, **kw):
+        return lambda r, m, x: fn(
+            _sequence_scores(r, m), x.need(name, "group_ids", prompts), m, **kw
         )
 
+    def token_baseline(name: str, by_token_count: bool):
+        def run(r, m, x):
+            what = "Σπ² and log π_old from the old-log-prob pass"
+            return compute_optimal_token_baseline_advantages(
+                r, x.need(name, "group_ids", prompts), m, x.need(name, "old_logprobs", what),
+                x.need(name, "sum_pi_squared", what), x.is_weights,
+                by_token_count=by_token_count, handle_zero_tail=by_token_count,
+            )  # fmt: skip
+
+        return run
+
+    norm = cfg.norm_adv_by_std_in_grpo
     return {
-        "gae": lambda r, m, *, values=None, group_ids=None, baselines=None: compute_gae(
-            r, _needs("gae", "critic values", values), m, cfg.gamma, cfg.lam, dp_sum=dp_sum
+        "gae": lambda r, m, x: compute_gae(
+            r, x.need("gae", "values", "critic values"), m, cfg.gamma, cfg.lam, dp_sum=dp_sum
         ),
-        "grpo": grouped("grpo", compute_grpo_advantages, norm_by_std=cfg.norm_adv_by_std_in_grpo),
-        "grpo_vectorized": grouped(
-            "grpo_vectorized", compute_grpo_advantages, norm_by_std=cfg.norm_adv_by_std_in_grpo
-        ),
-        "grpo_passk": grouped(
-            "grpo_passk", compute_grpo_passk_advantages, norm_by_std=cfg.norm_adv_by_std_in_grpo
-        ),
+        "grpo": grouped("grpo", compute_grpo_advantages, norm_by_std=norm),
+        "grpo_vectorized": grouped("grpo_vectorized", compute_grpo_advantages, norm_by_std=norm),
+        "grpo_passk": grouped("grpo_passk", compute_grpo_passk_advantages, norm_by_std=norm),
         "rloo": grouped("rloo", compute_rloo_advantages),
         "rloo_vectorized": grouped("rloo_vectorized", compute_rloo_advantages),
-        "reinforce_plus_plus": lambda r, m, *, values=None, group_ids=None, baselines=None: (
-            compute_reinforce_pp_advantages(r, m, cfg.gamma, dp_sum=dp_sum)
+        "reinforce_plus_plus": lambda r, m, x: compute_reinforce_pp_advantages(
+            r, m, cfg.gamma, dp_sum=dp_sum
         ),
         "reinforce_plus_plus_baseline": grouped(
             "reinforce_plus_plus_baseline", compute_reinforce_pp_baseline_advantages, dp_sum=dp_sum
         ),
         "opo": grouped("opo", compute_opo_advantages),
         "gpg": grouped("gpg", compute_gpg_advantages, dp_sum=dp_sum),
-        "remax": lambda r, m, *, values=None, group_ids=None, baselines=None: (
-            compute_remax_advantages(
-                r, _needs("remax", "the greedy responses' rewards", baselines), m
-            )
+        "remax": lambda r, m, x: compute_remax_advantages(
+            r, x.need("remax", "baselines", "the greedy responses' rewards"), m
         ),
+        "optimal_token_baseline": token_baseline("optimal_token_baseline", False),
+        "tir_optimal_token_baseline": token_baseline("tir_optimal_token_baseline", True),
     }
 
 
@@ -134,15 +160,16 @@ if tuple(_estimators(AlgorithmConfig(), None)) != ADV_ESTIMATORS:  # the checks'
 
 def make_advantage_fn(cfg: AlgorithmConfig, dp_sum: SumOverRanks | None = None) -> AdvantageFn:
     """``cfg.adv_estimator`` resolved once (build time) to its function
-    ``fn(token_rewards, response_mask, *, values=None, group_ids=None, baselines=None) ->
-    (advantages, returns)``, ``[N, T]`` each (``baselines`` ``[N]``: ReMax's greedy
-    rewards). ``dp_sum`` (an all-reduce) under data parallelism."""
+    ``fn(token_rewards, response_mask, **inputs) -> (advantages, returns)``, ``[N, T]``
+    each; ``inputs``: :class:`AdvantageInputs`' fields by name. ``dp_sum`` (an all-reduce)
+    under data parallelism."""
     estimators = _estimators(cfg, dp_sum)
     if cfg.adv_estimator not in estimators:
         raise ValueError(
             f"algorithm.adv_estimator={cfg.adv_estimator!r}; valid: {', '.join(estimators)}"
         )
-    return estimators[cfg.adv_estimator]
+    estimator = estimators[cfg.adv_estimator]
+    return lambda rewards, mask, **inputs: estimator(rewards, mask, AdvantageInputs(**inputs))
 
 
 def advantage_metrics(

@@ -102,8 +102,10 @@ def _forward_passes(c: Components, t: Trajectories, step: int, timed: Timings) -
     shortcut = c.on_policy_shortcut and not failed_ranks(not t.generated_by(step - 1))
     if c.old_log_prob is not None and not shortcut:
         with timed("old_log_prob"):
-            old, entropy = c.old_log_prob(t, c.budgets, step)
-        t = replace(t, old_logprobs=old, entropy=entropy)
+            old = c.old_log_prob(t, c.budgets, step)
+        t = replace(
+            t, old_logprobs=old.logprobs, entropy=old.entropy, sum_pi_squared=old.sum_pi_squared
+        )
     if c.ref is not None:
         with timed("ref"):
             t = replace(t, ref_logprobs=c.ref(t, c.budgets, step)[0])
@@ -150,7 +152,14 @@ def _advantages(
         rewards, kl = c.kl_in_reward(scores, t.old_logprobs, t.ref_logprobs, t.loss_mask)
         metrics.update(kl)
     advantages, returns = c.advantage_fn(
-        rewards, t.loss_mask, values=t.values, group_ids=t.prompt_index, baselines=baselines
+        rewards,
+        t.loss_mask,
+        values=t.values,
+        group_ids=t.prompt_index,
+        baselines=baselines,
+        old_logprobs=t.old_logprobs,
+        sum_pi_squared=t.sum_pi_squared,
+        is_weights=t.is_weights,
     )
     return replace(t, advantages=advantages, returns=returns), scores, metrics
 
@@ -164,6 +173,8 @@ def _step_metrics(t: Trajectories, scores: torch.Tensor) -> dict[str, float]:
         mismatch = logprob_mismatch(t.engine_logprobs, t.old_logprobs, mask)
         metrics.update({k: float(v) for k, v in mismatch.items()})
         metrics["actor/entropy"] = float(masked_mean(t.entropy, mask))
+    if t.sum_pi_squared is not None:
+        metrics["actor/sum_pi_squared"] = float(masked_mean(t.sum_pi_squared, mask))
     metrics.update(
         {
             "critic/score/mean": float((scores * mask).sum(-1).mean()),

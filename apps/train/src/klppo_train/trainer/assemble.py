@@ -23,6 +23,7 @@ from klppo_train.agents.samplers import MultiTurn, Sampler, SingleTurn
 from klppo_train.budgets.run_budgets import configured, longest_sequence
 from klppo_train.checks.losses import effective_loss_mode, mode_hyperparameters
 from klppo_train.checks.validate import sequence_parallel_size
+from klppo_train.config.choices import TOKEN_BASELINE_ESTIMATORS
 from klppo_train.config.roles import PASS_ROLES, run_roles, static_micro_batch_size
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.rewards import RewardManager
@@ -75,12 +76,25 @@ class StepBuilder:
         """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not
         moved since it generated, so the update uses logπ_old = sg(logπ) and the
         old-log-prob pass is not run — unless the KL in the reward needs logπ before the
-        update."""
+        update, or the estimator Σπ² (:meth:`sum_pi_squared`)."""
         cfg = self.cfg
         one_update = (
             cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
         )
-        return one_update and not cfg.algorithm.use_kl_in_reward and not self._decoupled()
+        return (
+            one_update
+            and not cfg.algorithm.use_kl_in_reward
+            and not self._decoupled()
+            and not self.sum_pi_squared()
+        )
+
+    def sum_pi_squared(self) -> bool:
+        """Whether the old-log-prob pass computes Σπ² (the optimal token baseline reads it)."""
+        cfg = self.cfg
+        return (
+            cfg.actor.calculate_sum_pi_squared
+            or cfg.algorithm.adv_estimator in TOKEN_BASELINE_ESTIMATORS
+        )
 
     def _decoupled(self) -> bool:
         """Rollout correction that weighs π_old against π_rollout before the update."""
@@ -341,7 +355,8 @@ class StepBuilder:
                 "logπ_old = sg(logπ) in the update, no old-log-prob pass for samples of the "
                 "weights being trained"
             )
-        return self.forward_pass("old_log_prob", actor, with_entropy=True)
+        spp = self.sum_pi_squared()
+        return self.forward_pass("old_log_prob", actor, with_entropy=True, with_sum_pi_squared=spp)
 
     def rollout_stats(self, engine) -> RolloutStats | None:
         """vLLM's counters as step metrics, when it keeps them (``rollout.disable_log_stats``

@@ -12,6 +12,8 @@ of the ``[tokens, vocab]`` head is never computed).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -20,7 +22,7 @@ from klppo_train.budgets.faults import FAULTS
 from klppo_train.runtime.packed_attention import VARLEN
 from klppo_train.runtime.process_group import failed_ranks
 from klppo_train.runtime.sequence_parallel import SequenceParallel, SequenceShard
-from ppo_core import logprobs_and_entropy
+from ppo_core import logprobs_and_entropy, sum_pi_squared_from_logits
 
 NO_SP = SequenceParallel()
 
@@ -58,7 +60,9 @@ def agreeing(compute: PackedFn) -> PackedFn:
     return run
 
 
-def _logprobs_fn(temperature: float, with_entropy: bool, sp: SequenceParallel) -> PackedFn:
+def _logprobs_fn(
+    temperature: float, with_entropy: bool, sp: SequenceParallel, with_sum_pi_squared: bool
+) -> PackedFn:
     @agreeing
     def compute(model: nn.Module, packing: Packing, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
         shard = SequenceShard(packing, sp)
@@ -70,6 +74,8 @@ def _logprobs_fn(temperature: float, with_entropy: bool, sp: SequenceParallel) -
         labels, _ = next_token_labels(packing)
         logprobs, entropy = logprobs_and_entropy(logits, labels[0, mine], temperature, with_entropy)
         outputs = (logprobs,) if entropy is None else (logprobs, entropy)
+        if with_sum_pi_squared:  # one more no-grad pass over the logits (the OTB's input)
+            outputs += (sum_pi_squared_from_logits(logits, temperature),)
         return tuple(shard.gather(t, local, keep) for t in outputs)
 
     return compute
@@ -196,6 +202,73 @@ def response_values(
     return values
 
 
+class LogProbs(NamedTuple):
+    """A log-prob pass's outputs, ``[B, T]`` each: log π of the response tokens, and where
+    asked the entropy and Σ_v π_v² of each position's distribution (else None)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+
+
+def logprob_outputs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    *,
+    max_tokens: int | None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    with_sum_pi_squared: bool = False,
+    micro_batch_size: int | None = None,
+    share_prompts: bool = False,
+    sp: SequenceParallel = NO_SP,
+) -> LogProbs:
+    """log π(response token | everything before it), and optionally the entropy and Σπ²
+    there.
+
+    Args:
+        model: a causal LM (plain or FSDP-sharded) taking ``input_ids``/``position_ids``.
+        input_ids: ``[B, P + T]`` prompt (left-padded) + response (right-padded).
+        attention_mask: ``[B, P + T]``.
+        response_length: T.
+        max_tokens: per micro-batch token budget (e.g. ``log_prob_max_token_len_per_gpu``);
+            None: the batch is one micro-batch its caller planned (an update's: no plan,
+            no collective, :func:`batching.run_micro_batch`).
+        temperature: divide the logits by it (the sampling temperature).
+        with_entropy: also return the entropy of each response position's distribution.
+        with_sum_pi_squared: also return Σ_v π_v² there (not differentiable; verl's
+            ``calculate_sum_pi_squared``, for the optimal token baseline).
+        micro_batch_size: fixed micro-batches of this many sequences instead of the budget.
+        share_prompts: the samples of a prompt run its tokens once per micro-batch
+            (``batching.pack_shared_prompts``; ``model.share_prompts``); needs the
+            ``klppo_varlen`` attention. ``max_tokens`` then counts the tokens that run.
+        sp: the sequence-parallel group (:mod:`klppo_train.runtime.sequence_parallel`):
+            its ranks hold the same batch and each runs the model on a slice of each
+            packed row (``klppo_varlen`` attention; no ``share_prompts``).
+
+    Returns:
+        :class:`LogProbs`; values at response padding are not meaningful (mask them with
+        the response mask). Differentiable (the log-probs and the entropy).
+    """
+    outputs = iter(
+        _per_response_token(
+            model,
+            input_ids,
+            attention_mask,
+            response_length,
+            _logprobs_fn(temperature, with_entropy, sp, with_sum_pi_squared),
+            max_tokens=max_tokens,
+            micro_batch_size=micro_batch_size,
+            share_prompts=share_prompts,
+        )
+    )
+    logprobs = next(outputs)
+    entropy = next(outputs) if with_entropy else None
+    return LogProbs(logprobs, entropy, next(outputs) if with_sum_pi_squared else None)
+
+
 def response_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -209,38 +282,18 @@ def response_logprobs(
     share_prompts: bool = False,
     sp: SequenceParallel = NO_SP,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(response token | everything before it), and optionally the entropy there.
-
-    Args:
-        model: a causal LM (plain or FSDP-sharded) taking ``input_ids``/``position_ids``.
-        input_ids: ``[B, P + T]`` prompt (left-padded) + response (right-padded).
-        attention_mask: ``[B, P + T]``.
-        response_length: T.
-        max_tokens: per micro-batch token budget (e.g. ``log_prob_max_token_len_per_gpu``);
-            None: the batch is one micro-batch its caller planned (an update's: no plan,
-            no collective, :func:`batching.run_micro_batch`).
-        temperature: divide the logits by it (the sampling temperature).
-        with_entropy: also return the entropy of each response position's distribution.
-        micro_batch_size: fixed micro-batches of this many sequences instead of the budget.
-        share_prompts: the samples of a prompt run its tokens once per micro-batch
-            (``batching.pack_shared_prompts``; ``model.share_prompts``); needs the
-            ``klppo_varlen`` attention. ``max_tokens`` then counts the tokens that run.
-        sp: the sequence-parallel group (:mod:`klppo_train.runtime.sequence_parallel`):
-            its ranks hold the same batch and each runs the model on a slice of each
-            packed row (``klppo_varlen`` attention; no ``share_prompts``).
-
-    Returns:
-        ``(logprobs [B, T], entropy [B, T] or None)``; values at response padding are not
-        meaningful (mask them with the response mask). Differentiable.
-    """
-    outputs = _per_response_token(
+    """``(logprobs [B, T], entropy [B, T] or None)``: :func:`logprob_outputs` without Σπ²
+    (same arguments). Differentiable."""
+    out = logprob_outputs(
         model,
         input_ids,
         attention_mask,
         response_length,
-        _logprobs_fn(temperature, with_entropy, sp),
         max_tokens=max_tokens,
+        temperature=temperature,
+        with_entropy=with_entropy,
         micro_batch_size=micro_batch_size,
         share_prompts=share_prompts,
+        sp=sp,
     )
-    return outputs[0], outputs[1] if with_entropy else None
+    return out.logprobs, out.entropy

@@ -20,7 +20,7 @@ from torch import nn
 from klppo_train.budgets.run_budgets import RunBudgets, run_with_backoff
 from klppo_train.config.roles import PASS_ROLES
 from klppo_train.runtime.sequence_parallel import SequenceParallel
-from klppo_train.workers.forward import NO_SP, response_logprobs, response_values
+from klppo_train.workers.forward import NO_SP, logprob_outputs, response_values
 from klppo_train.workers.trajectories import Trajectories
 
 T = TypeVar("T")
@@ -55,10 +55,11 @@ class Pass:
 @dataclass(frozen=True, kw_only=True)
 class ForwardPass(Pass):
     """A forward-only pass of ``model`` over the responses (``[N, T]`` per token):
-    log-probs at the sampling ``temperature`` (and the entropy with ``with_entropy``), or the
-    critic's values with ``values=True``. ``share_prompts``: a prompt's samples run its
-    tokens once per micro-batch (``model.share_prompts``); ``sp``: the sequence-parallel
-    group that splits each packed row."""
+    log-probs at the sampling ``temperature`` (and the entropy with ``with_entropy``, Σπ²
+    with ``with_sum_pi_squared``), or the critic's values with ``values=True``.
+    ``share_prompts``: a prompt's samples run its tokens once per micro-batch
+    (``model.share_prompts``); ``sp``: the sequence-parallel group that splits each packed
+    row."""
 
     model: nn.Module
     response_length: int
@@ -66,11 +67,13 @@ class ForwardPass(Pass):
     temperature: float = 1.0
     values: bool = False
     with_entropy: bool = False
+    with_sum_pi_squared: bool = False
     sp: SequenceParallel = NO_SP
 
     @torch.no_grad()
     def compute(self, t: Trajectories, budget: int):
-        """``values [N, T]``, or ``(logprobs [N, T], entropy [N, T] or None)``, micro-batched
+        """``values [N, T]``, or the log-probs
+        (:class:`~klppo_train.workers.forward.LogProbs`, ``[N, T]`` each), micro-batched
         within ``budget`` tokens (or :attr:`micro_batch_size` sequences)."""
         common = dict(
             max_tokens=budget,
@@ -82,13 +85,14 @@ class ForwardPass(Pass):
             return response_values(
                 self.model, t.input_ids, t.attention_mask, self.response_length, **common
             )
-        return response_logprobs(
+        return logprob_outputs(
             self.model,
             t.input_ids,
             t.attention_mask,
             self.response_length,
             temperature=self.temperature,
             with_entropy=self.with_entropy,
+            with_sum_pi_squared=self.with_sum_pi_squared,
             **common,
         )
 

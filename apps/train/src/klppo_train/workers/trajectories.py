@@ -40,6 +40,8 @@ class Trajectories:
         ``policy_version``).
     old_logprobs, entropy: ``[N, T]`` the policy's before the update (the old-log-prob pass;
         None on the on-policy shortcut: logπ_old = sg(logπ) in the update).
+    sum_pi_squared: ``[N, T]`` Σ_v π_old(v)² at each position (the old-log-prob pass, where
+        the optimal token baseline needs it; else None).
     ref_logprobs: ``[N, T]`` the reference's (None without a reference).
     values: ``[N, T]`` the critic's before its update (None without a critic).
     advantages, returns: ``[N, T]`` the estimator's.
@@ -56,6 +58,7 @@ class Trajectories:
     prompt_position: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
