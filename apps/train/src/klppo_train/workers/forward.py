@@ -269,31 +269,8 @@ def logprob_outputs(
     return LogProbs(logprobs, entropy, next(outputs) if with_sum_pi_squared else None)
 
 
-def response_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_length: int,
-    *,
-    max_tokens: int | None,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    micro_batch_size: int | None = None,
-    share_prompts: bool = False,
-    sp: SequenceParallel = NO_SP,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logprobs [B, T], entropy [B, T] or None)``: :func:`logprob_outputs` without Σπ²
-    (same arguments). Differentiable."""
-    out = logprob_outputs(
-        model,
-        input_ids,
-        attention_mask,
-        response_length,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        with_entropy=with_entropy,
-        micro_batch_size=micro_batch_size,
-        share_prompts=share_prompts,
-        sp=sp,
-    )
+def response_logprobs(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logprobs [B, T], entropy [B, T] or None)``: :func:`logprob_outputs` (same
+    arguments) without Σπ². Differentiable."""
+    out = logprob_outputs(*args, **kwargs)
     return out.logprobs, out.entropy
