@@ -95,6 +95,40 @@ def test_a_batch_of_constant_groups_is_replaced_by_later_prompts() -> None:
     assert metrics["critic/score/mean"] == pytest.approx(float(rule.mean()), abs=1e-6)
 
 
+def test_gen_batch_size_rounds_are_larger_than_the_batch() -> None:
+    """verl's data.gen_batch_size=8 with data.train_batch_size=4: the first round holds the
+    4 constant prompts and 4 more, and its first 4 varied groups (generation order) fill
+    the step in one round, where rounds of 4 needed at least two (the test above)."""
+    tokenizer = build_tokenizer()
+    cfg, c = components(tokenizer, (*GRPO, "data.gen_batch_size=8"))
+    assert cfg.data.loader_batch_size == 8 and cfg.data.train_batch_size == 4
+    rounds = iter([everything[i : i + 8] for i in range(8, 40, 8)])
+    c.rewards.custom = _reward({str(i.ground_truth) for i in everything[:4]})
+    c.rollouts = StepBuilder(cfg).sampled_prompts(c, lambda: next(rounds))
+    collected = c.rollouts.collect(everything[:8], step=1)
+    m, t, items = collected.metrics, collected.trajectories, collected.items
+    assert len(torch.unique(t.prompt_index)) == 4  # train_batch_size prompts, not 8
+    kept = {id(items[int(g)]) for g in torch.unique(t.prompt_index)}
+    order = {id(item): i for i, item in enumerate(everything)}
+    assert m["train/dropped_groups"] >= 4 and not kept & {id(i) for i in everything[:4]}
+    if m["train/num_gen_batches"] == 1:  # all four others varied: exactly those four
+        assert sorted(order[k] for k in kept) == [4, 5, 6, 7]
+    else:  # a coin came up alike for one group: the next round of 8 completed the batch
+        assert m["train/kept_groups"] >= 4 and min(order[k] for k in kept) >= 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["data.gen_batch_size=16"], "gen_batch_size=16 takes effect only with .*filter_groups"),
+        ([*GRPO, "data.gen_batch_size=0"], "gen_batch_size must be an int >= 1"),
+    ],
+)
+def test_bad_gen_batch_size_fails_before_any_model(extra: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_config(load_config(None, ["rollout.n=2", *extra]))
+
+
 def test_the_step_reports_its_generation_batches() -> None:
     c, first = _source()
     metrics = ppo_step(c, first, step=1)

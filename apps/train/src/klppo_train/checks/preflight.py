@@ -199,10 +199,12 @@ def _checked_data(cfg: AppConfig, world_size: int, advice, data, unit: str) -> t
             rows[key] = read(files) if files else []
     tokenizer = _tokenizer(cfg)
     train, val = (build(cfg, key, rows[key], tokenizer) for key in rows)
-    if training and len(train) < cfg.data.train_batch_size:
+    batch = cfg.data.loader_batch_size
+    if training and len(train) < batch:
+        key = "gen_batch_size" if cfg.data.gen_batch_size else "train_batch_size"
         raise UserError(
             f"data.train_files: {len(train)} usable {unit}, fewer than one batch of "
-            f"data.train_batch_size={cfg.data.train_batch_size}"
+            f"data.{key}={batch}"
         )
     return advice, tokenizer, train, val
 

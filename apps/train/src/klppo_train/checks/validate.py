@@ -25,6 +25,7 @@ from klppo_train.config.choices import (
 from klppo_train.config.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
 from klppo_train.config.schema import (
     AppConfig,
+    DataConfig,
     FilterGroupsConfig,
     ModelConfig,
     MultiTurnSection,
@@ -195,6 +196,24 @@ def _check_budget_values(cfg: AppConfig) -> None:
             raise ValueError(f"{key} must be >= 1, got {value!r}")
 
 
+def _check_gen_batch_size(data: DataConfig, dynamic: bool, world_size: int) -> None:
+    """verl trains on the whole generation batch unless dynamic sampling picks from it."""
+    gen, batch = data.gen_batch_size, data.train_batch_size
+    if gen is None or gen == batch:
+        return
+    if not dynamic:
+        raise ValueError(
+            f"data.gen_batch_size={gen} takes effect only with algorithm.filter_groups."
+            "enable=true (dynamic sampling keeps data.train_batch_size of each round's "
+            "groups); without it every generated prompt is trained on: set "
+            "data.train_batch_size instead"
+        )
+    if gen % world_size:
+        raise ValueError(
+            f"data.gen_batch_size={gen} prompts do not split evenly over {world_size} ranks"
+        )
+
+
 def _check_batch_sizes(cfg: AppConfig, world_size: int) -> None:
     n = cfg.rollout.sampling.n
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.critic.enable else [])
@@ -206,6 +225,7 @@ def _check_batch_sizes(cfg: AppConfig, world_size: int) -> None:
             f"data.train_batch_size={batch} prompts do not split evenly over {world_size} "
             "ranks (each rank generates for an equal share, whole groups of rollout.n)"
         )
+    _check_gen_batch_size(cfg.data, cfg.algorithm.filter_groups.enable, world_size)
     for role, section in roles:
         if batch % section.ppo_mini_batch_size:
             raise ValueError(

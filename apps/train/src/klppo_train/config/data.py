@@ -26,6 +26,9 @@ class DataConfig:
         shuffle: reshuffle the training prompts every epoch.
         seed: shuffle seed; epoch e uses ``seed + e``.
         train_batch_size: prompts per training step, across all ranks.
+        gen_batch_size: prompts per generation round of DAPO's dynamic sampling
+            (``algorithm.filter_groups``; verl's): the loader's batch, of which the first
+            ``train_batch_size`` groups that vary are trained on; None = train_batch_size.
         val_batch_size: prompts per validation batch; None means the whole validation set.
         source: a registered data set (:mod:`klppo_train.data.sources`) written at the
             train/val paths when they are missing (under ``trainer.run_dir/data``); "" = none.
@@ -39,8 +42,14 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 1
     train_batch_size: int = 8
+    gen_batch_size: int | None = None
     val_batch_size: int | None = None
     source: str = ""
+
+    @property
+    def loader_batch_size(self) -> int:
+        """Prompts the loader gives a step (a generation round)."""
+        return self.gen_batch_size or self.train_batch_size
 
     def __post_init__(self) -> None:
         # A single path is a common slip in YAML/CLI overrides: accept it as a 1-tuple.
@@ -52,6 +61,8 @@ class DataConfig:
             object.__setattr__(self, name, tuple(str(f) for f in files))
         _check_int("max_prompt_length", self.max_prompt_length, low=1)
         _check_int("train_batch_size", self.train_batch_size, low=1)
+        if self.gen_batch_size is not None:
+            _check_int("gen_batch_size", self.gen_batch_size, low=1)
         _check_int("seed", self.seed, low=None)
         if self.val_batch_size is not None:
             _check_int("val_batch_size", self.val_batch_size, low=1)

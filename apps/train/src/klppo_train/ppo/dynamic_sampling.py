@@ -1,6 +1,7 @@
 """DAPO's dynamic sampling (Yu et al., 2025; verl's ``algorithm.filter_groups``): a rollout
 source that drops the prompt groups whose samples all score alike and generates the next
-batches of prompts until the step holds ``data.train_batch_size`` prompts.
+batches of prompts until the step holds ``data.train_batch_size`` prompts (each round
+``data.gen_batch_size`` prompts, verl's; by default the same).
 
 A group whose rewards are all equal has zero advantage under GRPO-style estimators (and
 only noise under GAE): it costs a forward and backward pass and teaches nothing. As in verl,
@@ -69,7 +70,7 @@ def varied_groups(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _Group:
-    """A kept prompt group of this rank: its place ``key`` over all rounds (round × batch
+    """A kept prompt group of this rank: its place ``key`` over all rounds (round × the round's
     size + its position in the round's batch: sorted keys are generation order), its
     prompt, samples and their rule rewards."""
 
@@ -89,9 +90,11 @@ class DynamicSampling(OverColocated):
     groups: GroupFilter
     more: Callable[[], Sequence[PromptItem]]
     score: Callable[[Sequence[PromptItem], Trajectories], torch.Tensor]
+    batch_size: int | None = None  # prompts trained on; None: a round's (len(items))
 
     def collect(self, items: Sequence[PromptItem], step: int) -> Collected:
-        start, wanted = time.perf_counter(), len(items)
+        start, size = time.perf_counter(), len(items)  # a round: data.gen_batch_size
+        wanted = self.batch_size or size
         stats = self.inner.stats
         counted = stats.counts() if stats else {}
         held: list[_Group] = []
@@ -99,7 +102,7 @@ class DynamicSampling(OverColocated):
         rounds = constant = 0
         sampled: list = []  # every round's samples, for the sampler's metrics (multi-turn)
         while True:
-            kept, dropped = self._round(items, step, rounds * wanted, sampled)
+            kept, dropped = self._round(items, step, rounds * size, sampled)
             rounds += 1
             held += kept
             found = concat_over_ranks({"keys": [g.key for g in kept], "constant": [dropped]})

@@ -116,7 +116,7 @@ class StepBuilder:
             "dynamic sampling: groups whose %s does not vary are dropped (generation batches "
             "a step: at most %s)", fg.metric, fg.max_num_gen_batches or "no limit",
         )  # fmt: skip
-        return DynamicSampling(c.rollouts, groups, more, score)
+        return DynamicSampling(c.rollouts, groups, more, score, self.cfg.data.train_batch_size)
 
     def rollout_correction(self) -> RolloutCorrection | None:
         return RolloutCorrection.of(self.cfg.algorithm.rollout_correction)

@@ -106,7 +106,7 @@ class PPOTask:
         )  # fmt: skip
         try:
             d = cfg.data
-            loader = PromptLoader(checked.train, d.train_batch_size, d.seed, d.shuffle)
+            loader = PromptLoader(checked.train, d.loader_batch_size, d.seed, d.shuffle)
             steps = total_steps(cfg.trainer, len(loader))
             builder = StepBuilder(cfg)
             c.rollouts = builder.sampled_prompts(c, loader.next_batch)
