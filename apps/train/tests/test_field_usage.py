@@ -149,7 +149,8 @@ def _hf_run(tmp_path: Path) -> list[str]:
     epochs instead of steps, an overlong prompt filtered out, LoRA on two of the layers (the
     reference: the actor without its adapters), decoupled rollout correction (its
     old-log-prob pass reads the static micro-batch size); multi-turn rollouts with the
-    calculator, of a tiny model that calls it (``model.source=tiny-calculator``)."""
+    calculator, of a tiny model that calls it (``model.source=tiny-calculator``), generated
+    a step ahead of training (``async_training``)."""
     run = tmp_path / "b"
     train, val = DATA_SOURCES["calculator_multiply"]()
     long = {**train[0], "prompt": [{"role": "user", "content": "What is 2*3? " * 12}]}
@@ -201,6 +202,8 @@ def _hf_run(tmp_path: Path) -> list[str]:
         "algorithm.filter_groups.enable=true",  # DAPO's dynamic sampling on the shaped reward
         "algorithm.filter_groups.metric=seq_reward",
         "algorithm.filter_groups.max_num_gen_batches=10",
+        "async_training.enable=true",  # each batch generated a step ahead (with LoRA, tools)
+        "async_training.max_staleness_steps=1",
     ]
 
 
@@ -240,6 +243,7 @@ def test_every_config_field_is_read_by_the_trainer(tmp_path: Path) -> None:
             "hf",
             "mixed_precision",
             "multi_turn",
+            "async_training",
         )
     }
     unread = every - reads - CHECK_ONLY - CUDA_ONLY - MODE_KEYS - sections

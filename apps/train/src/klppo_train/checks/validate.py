@@ -530,6 +530,32 @@ def _check_rollout_correction(cfg: AppConfig) -> None:
         raise ValueError(f"{key}.loss_type takes effect only with {key}.bypass_mode=true")
 
 
+def _check_async_training(cfg: AppConfig) -> None:
+    """``async_training``: a staleness bound ≥ 0 that takes effect, and the old-log-prob
+    pass it needs (π_old = the trainer's weights: samples of older weights are off-policy)."""
+    at, key = cfg.async_training, "async_training"
+    s = at.max_staleness_steps
+    if not at.enable:
+        if s is not None:
+            raise ValueError(f"{key}.max_staleness_steps takes effect only with {key}.enable=true")
+        return
+    if cfg.trainer.task != "ppo":
+        raise ValueError(f"{key}.enable: trains PPO only, not trainer.task={cfg.trainer.task}")
+    if s is not None and (isinstance(s, bool) or s < 0):
+        raise ValueError(f"{key}.max_staleness_steps must be an int >= 0, got {s!r}")
+    if at.lag and cfg.algorithm.rollout_correction.bypass_mode:
+        raise ValueError(
+            f"{key}.max_staleness_steps={at.lag} with algorithm.rollout_correction.bypass_mode"
+            ": stale samples need π_old from the trainer's weights (the old-log-prob pass), "
+            "bypass mode takes the engine's"
+        )
+    if at.lag and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.sleep_level == 2:
+        raise ValueError(
+            f"{key}: the first steps' batches are generated ahead across an engine sleep, "
+            "which rollout.vllm.sleep_level=2 empties of its weights: use sleep_level=1"
+        )
+
+
 def _check_token_budgets(cfg: AppConfig) -> list[str]:
     """The budgets' rules, for the passes that use one (``use_dynamic_bsz``)."""
     # Passes with fixed micro-batch sizes do not read their budget; auto budgets are chosen
@@ -691,6 +717,7 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_lora(config)
     if config.trainer.val_only:
         _check_val_only(config)
+    _check_async_training(config)
     if config.trainer.task == "reward_model":
         _check_reward_training(config, world_size)
         return []

@@ -24,6 +24,7 @@ from omegaconf import Container, DictConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from fsdp_sharding import ShardingConfig
+from klppo_train.config.async_training import AsyncTrainingConfig
 from klppo_train.config.choices import VARLEN
 from klppo_train.config.data import DataConfig
 from klppo_train.config.verl_names import DERIVED, translate
@@ -299,9 +300,10 @@ class RolloutCorrectionConfig:
     """Correction for the engine's probabilities π_rollout differing from the trainer's π_old
     (bf16 kernels, another temperature): verl's ``algorithm.rollout_correction``."""
 
-    rollout_is: str | None = None
+    rollout_is: str | None = "auto"
     """Truncated importance weights π_old/π_rollout on the policy loss: token | sequence
-    (a response's product of token ratios); null: none."""
+    (a response's product of token ratios); null: none; auto: token where the samples lag
+    the trainer (``async_training`` with s > 0, as verl's async recipes set), else none."""
     rollout_is_threshold: float = 2.0
     """The truncation C: weights above it are set to C (TIS)."""
     rollout_is_batch_normalize: bool = False
@@ -593,6 +595,7 @@ class AppConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     reward_training: RewardTrainingConfig = field(default_factory=RewardTrainingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 
 
 # keys of lists that also take a single string (verl's `data.train_files=/path/train.parquet`)
@@ -720,7 +723,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         built = OmegaConf.to_object(merged)
     except ValueError:
         raise ValueError(_failing_section(merged, "")) from None
-    return _resolve_share_prompts(_follow_actor_dynamic_bsz(built))
+    return _resolve_rollout_is(_resolve_share_prompts(_follow_actor_dynamic_bsz(built)))
 
 
 def _writable(node: Node) -> Node:
@@ -793,6 +796,17 @@ def _resolve_share_prompts(cfg: AppConfig) -> AppConfig:
     if why and os.environ.get("RANK", "0") == "0":  # once per run, not per rank
         log.info("model.share_prompts off: %s does not share prompts", why)
     return replace(cfg, model=replace(cfg.model, share_prompts=not why))
+
+
+def _resolve_rollout_is(cfg: AppConfig) -> AppConfig:
+    """``algorithm.rollout_correction.rollout_is: auto``: token TIS where the samples come
+    from older weights than the trainer's (``async_training`` with s > 0), else none."""
+    rc = cfg.algorithm.rollout_correction
+    if rc.rollout_is != "auto":
+        return cfg
+    chosen = "token" if cfg.async_training.lag > 0 else None
+    algorithm = replace(cfg.algorithm, rollout_correction=replace(rc, rollout_is=chosen))
+    return replace(cfg, algorithm=algorithm)
 
 
 def to_yaml(config: AppConfig) -> str:

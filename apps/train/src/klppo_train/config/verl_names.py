@@ -158,6 +158,14 @@ REFUSED: dict[str, str] = {
     "critic.megatron.*": MEGATRON,
     "ray_init.*": "klppo runs under torchrun (torch.distributed), not Ray",
     "trainer.ray_wait_register_center_timeout": "klppo runs under torchrun, not Ray",
+    "async_training.staleness_threshold": (
+        "verl's fully-async fraction of a batch that may come from older weights (streamed "
+        "samples); klppo bounds whole steps: async_training.max_staleness_steps (only 0)"
+    ),
+    "rollout.max_head_offpolicyness": (
+        "AReaL's name: klppo's is async_training.max_staleness_steps, with "
+        "async_training.enable=true (only 0)"
+    ),
 }
 
 # The one value of a refused key that klppo does honour (so verl's defaults pass).
@@ -176,6 +184,8 @@ ACCEPTED_VALUES: dict[str, Callable[[Any], bool]] = {
     "reward_model.launch_reward_fn_async": lambda v: v is False,
     "reward_model.model.trust_remote_code": lambda v: v is False,
     "reward_model.model.external_lib": lambda v: v is None,
+    "async_training.staleness_threshold": lambda v: v == 0,
+    "rollout.max_head_offpolicyness": lambda v: v == 0,
 }
 
 # verl values that mean a klppo value: the policy's tokenizer path in input_tokenizer asks for

@@ -170,8 +170,10 @@ def _resume(task: Task, settings: LoopSettings, run_dir: Path, best: BestStep | 
     resume_from = resolve_resume(run_dir, settings.resume_mode, first=first_trainee)
     if resume_from is None:
         return 0
-    # "best": a checkpoint of an older klppo has none; the tracker then starts afresh
-    return load_checkpoint_dir(resume_from, task.trainees(), _states(task, best), ("best",))
+    # "best": a checkpoint of an older klppo has none; the tracker then starts afresh.
+    # "rollouts_ahead": a synchronous run's has none; the first step generates ahead again
+    optional = ("best", "rollouts_ahead")
+    return load_checkpoint_dir(resume_from, task.trainees(), _states(task, best), optional)
 
 
 def _steps(

@@ -34,6 +34,7 @@ from klppo_train.ppo.greedy_baseline import GreedyBaseline
 from klppo_train.ppo.losses import PolicyLoss, ValueLoss
 from klppo_train.ppo.rollout_correction import RolloutCorrection
 from klppo_train.ppo.rollouts import ColocatedRollouts, RolloutSource, StepPlan
+from klppo_train.ppo.rollouts_ahead import RolloutsAhead
 from klppo_train.ppo.shaping import OverlongShaping
 from klppo_train.ppo.step import rule_scores
 from klppo_train.reward_model.hf_dir import same_tokenization, stored_normalization
@@ -101,10 +102,25 @@ class StepBuilder:
         rc = self.cfg.algorithm.rollout_correction
         return rc.enabled and not rc.bypass_mode
 
-    def sampled_prompts(self, c: Components, more: Callable[[], Sequence]) -> RolloutSource:
+    def sampled_prompts(
+        self, c: Components, more: Callable[[], Sequence], last_step: int | None = None
+    ) -> RolloutSource:
         """The step's rollout source: ``c.rollouts``; with ``algorithm.filter_groups`` DAPO's
         dynamic sampling over it, taking further prompts from ``more()``; with
-        ``adv_estimator=remax`` one that adds ReMax's greedy baselines."""
+        ``adv_estimator=remax`` one that adds ReMax's greedy baselines; with
+        ``async_training`` either of them generated s steps ahead (until ``last_step``)."""
+        source = self._sampled(c, more)
+        at = self.cfg.async_training
+        if not at.enable:
+            return source
+        log.info(
+            "async_training: each batch generated %d step(s) ahead of its update; rollout "
+            "correction's weights: %s", at.lag,
+            self.cfg.algorithm.rollout_correction.rollout_is or "none",
+        )  # fmt: skip
+        return RolloutsAhead(source, at.lag, more, c.engine, last_step)
+
+    def _sampled(self, c: Components, more: Callable[[], Sequence]) -> RolloutSource:
         fg = self.cfg.algorithm.filter_groups
         score = functools.partial(rule_scores, c.tokenizer, c.rewards)
         if self.cfg.algorithm.adv_estimator == "remax":
