@@ -5,8 +5,9 @@ they are sampled and laid out (:class:`StepPlan`).
 A step is ``source.collect(prompts, step)`` → :func:`klppo_train.ppo.step.train_on` (which
 never touches an engine) → ``source.publish(step)``. Each sample keeps the policy version of
 the weights that generated it (:attr:`Trajectories.sample_versions`), so whoever trains on
-it can tell on-policy samples from older ones; a source that runs ahead of training (issue
-44's asynchronous rollouts) is another object behind the same Protocol.
+it can tell on-policy samples from older ones; a source that runs ahead of training
+(``async_training``: :class:`klppo_train.ppo.rollouts_ahead.RolloutsAhead`) is another
+object behind the same Protocol.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ Ordering rules:
        also generates steps 1 … s from the next ``more()`` batches, all with version 0.
     2. Nothing is generated for a step after ``last_step``.
     3. A step's metrics are those of the generation it ran (``timing_s/gen``, the engine's
-       counters; the last s steps run none: ``timing_s/gen`` 0) plus ``async/staleness_{min,mean,max}``: the trained samples' age
-       ``(step − 1) − version`` in policy versions.
+       counters; the last s steps run none: ``timing_s/gen`` 0) plus
+       ``async/staleness_{min,mean,max}``: the trained samples' age ``(step − 1) − version``
+       in policy versions.
     4. The batches in flight are this source's checkpoint state (every rank's, gathered:
        :meth:`state_dict` is a collective), so a resumed run trains what an uninterrupted
        one would; they cannot be regenerated, the weights that made them are gone.
@@ -40,7 +41,7 @@ from fsdp_sharding import default_device
 from klppo_train.config.errors import UserError
 from klppo_train.data.datasets import PromptItem
 from klppo_train.ppo.rollouts import Collected, RolloutSource
-from klppo_train.runtime.process_group import world_size
+from klppo_train.runtime.process_group import SUMS, world_size
 from klppo_train.workers.trajectories import Trajectories
 from rollout import RolloutEngine
 
@@ -130,10 +131,10 @@ class RolloutsAhead:
 
 
 def _merged(ran: list[dict[str, float]]) -> dict[str, float]:
-    """The generations' metrics as one: times added up, the rest the last one's."""
+    """The generations' metrics as one: times and counts added up, the rest the last one's."""
     merged = dict(ran[-1]) if ran else {"timing_s/gen": 0.0}  # the last s steps: none
     for key in merged:
-        if key.startswith("timing_s/"):
+        if key.startswith("timing_s/") or key in SUMS:
             merged[key] = sum(m.get(key, 0.0) for m in ran)
     return merged
 
