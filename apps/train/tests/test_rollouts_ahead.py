@@ -15,13 +15,14 @@ from test_step import components
 
 from klppo_train.__main__ import main
 from klppo_train.checks.validate import validate_config
+from klppo_train.config.async_training import AsyncTrainingConfig
 from klppo_train.config.data import DataConfig
 from klppo_train.config.errors import UserError
 from klppo_train.config.schema import load_config
 from klppo_train.data.datasets import PromptDataset
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.ppo.rollouts_ahead import RolloutsAhead
+from klppo_train.ppo.rollouts_ahead import NothingAhead, RolloutsAhead
 from klppo_train.ppo.step import ppo_step, train_on
 from klppo_train.trainer.assemble import StepBuilder
 
@@ -37,18 +38,24 @@ items = PromptDataset(make_arithmetic_rows(48, seed=0), build_tokenizer(), DataC
 batches = [items[i : i + 4] for i in range(0, 48, 4)]
 
 
-def _ahead(extra: tuple[str, ...], last_step: int | None = None):
+def _ahead(extra: tuple[str, ...], last_step: int | None = None, start: int = 0):
     cfg, c = components(build_tokenizer(), extra)
-    loader = iter(batches)
-    c.rollouts = StepBuilder(cfg).sampled_prompts(c, lambda: next(loader), last_step)
+    loader = iter(batches[start:])
+    more = lambda: next(loader)  # noqa: E731
+    c.rollouts = StepBuilder(cfg).sampled_prompts(c, more, last_step, dataset=items)
     return c, loader
+
+
+def _s(s: int) -> tuple[str, ...]:
+    return ("async_training.enable=true", f"async_training.max_staleness_steps={s}")
 
 
 @pytest.mark.parametrize("s", [1, 2])
 def test_every_trained_sample_is_as_old_as_the_schedule_says(s: int) -> None:
-    c, loader = _ahead((*ON_POLICY, "async_training.enable=true",
-                        f"async_training.max_staleness_steps={s}"))  # fmt: skip
-    assert isinstance(c.rollouts, RolloutsAhead) and c.on_policy_shortcut
+    assert components(build_tokenizer(), ON_POLICY)[1].on_policy_shortcut  # allowed here
+    c, loader = _ahead((*ON_POLICY, *_s(s)))
+    # ... but never with s > 0: π_old is recomputed on every step's samples
+    assert isinstance(c.rollouts, RolloutsAhead) and not c.on_policy_shortcut
     for step in range(1, 6):
         collected = c.rollouts.collect(next(loader), step)
         t = collected.trajectories
@@ -58,10 +65,38 @@ def test_every_trained_sample_is_as_old_as_the_schedule_says(s: int) -> None:
         assert trained == {i.index for i in batches[step - 1]}  # the loader's, in order
         assert collected.metrics["async/staleness_max"] == step - 1 - version
         metrics = train_on(c, collected.items, t, step)
-        # the shortcut (log π_old = sg(log π)) only for samples of the trained weights
-        assert metrics["actor/on_policy_shortcut"] == float(version == step - 1), step
+        assert metrics["actor/on_policy_shortcut"] == 0.0, step
         c.rollouts.publish(step)
     assert len(c.rollouts.ahead) == s  # in flight: the batches of steps 6 … 5+s
+
+
+def test_a_resume_keeps_the_bound_and_the_batches_prompts() -> None:
+    """Steps 1–3 at s = 2 leave steps 4 and 5 in flight: a source with s = 1 refuses them
+    (they would train 2 versions old), one with s = 3 takes them (the prompts: the data
+    set's own rows) and generates what it lacks; a synchronous run refuses them too."""
+    c, loader = _ahead(_s(2))
+    for step in range(1, 4):
+        c.rollouts.collect(next(loader), step)
+        c.rollouts.publish(step)
+    state = c.rollouts.state_dict()
+    assert [saved["step"] for saved in state["ranks"][0]] == [4, 5]
+    with pytest.raises(UserError, match="max_staleness_steps=1: .* 2 batches generated ahead"):
+        _ahead(_s(1))[0].rollouts.load_state_dict(state)
+    with pytest.raises(UserError, match="resume it with async_training.enable=true"):
+        NothingAhead().load_state_dict(state)
+    resumed, loader = _ahead(_s(3), start=5)  # the loader's position: 5 batches taken
+    resumed.rollouts.load_state_dict(state)
+    resumed.rollouts.resume(3)
+    assert resumed.rollouts.ahead[0][1].items[0] is items[12]  # step 4's first prompt
+    for step in range(4, 8):
+        collected = resumed.rollouts.collect(next(loader), step)
+        assert [i.index for i in collected.items] == [i.index for i in batches[step - 1]]
+        age = collected.metrics["async/staleness_max"]
+        assert age == {4: 2, 5: 2, 6: 2, 7: 3}[step], step  # 6, 7: generated at step 4
+        resumed.rollouts.publish(step)
+    with pytest.raises(UserError, match="generated ahead for 2 ranks"):
+        resumed.rollouts.load_state_dict({**state, "world_size": 2, "dp_size": 2})
+    NothingAhead().load_state_dict(NothingAhead().state_dict())  # nothing in flight: fine
 
 
 def test_nothing_is_generated_past_the_last_step() -> None:
@@ -73,12 +108,15 @@ def test_nothing_is_generated_past_the_last_step() -> None:
         return collect(batch, step)
 
     c.rollouts.inner.collect = counted
+    sleeps, sleep = [], c.engine.sleep
+    c.engine.sleep = lambda: sleeps.append(1) or sleep()
     for step in range(1, 4):
         assert {i.index for i in c.rollouts.collect(next(loader), step).items} == {
             i.index for i in batches[step - 1]
         }
         c.rollouts.publish(step)
     assert generated == [1, 2, 3] and not c.rollouts.ahead  # not steps 4 and 5
+    assert len(sleeps) == 5  # after each of the 3 generations, and on steps 2 and 3
 
 
 def test_no_lag_is_the_synchronous_step() -> None:
@@ -88,7 +126,7 @@ def test_no_lag_is_the_synchronous_step() -> None:
         torch.manual_seed(0)
         cfg, c = components(build_tokenizer(), extra)
         assert cfg.algorithm.rollout_correction.rollout_is is None  # auto: none at s = 0
-        c.rollouts = StepBuilder(cfg).sampled_prompts(c, lambda: batches[-1])  # not called
+        c.rollouts = StepBuilder(cfg).sampled_prompts(c, lambda: 1 / 0)  # never called
         runs.append([ppo_step(c, batches[k], k + 1) for k in range(3)])
     for a, b in zip(*runs, strict=True):
         keep = [k for k in a if not k.startswith(("timing_s/", "perf/"))]
@@ -111,15 +149,6 @@ def test_a_resumed_run_trains_the_batches_in_flight(tmp_path: Path) -> None:
     assert a[3]["actor/policy_version_sampled"] == 1.0 and a[3]["async/staleness_max"] == 1.0
 
 
-def test_batches_in_flight_resume_at_their_world_size_only() -> None:
-    c, loader = _ahead(("async_training.enable=true",))
-    c.rollouts.collect(next(loader), 1)
-    state = c.rollouts.state_dict()
-    assert len(state["ranks"]) == 1 and state["ranks"][0][0]["step"] == 2
-    with pytest.raises(UserError, match="batches generated ahead for 2 ranks"):
-        c.rollouts.load_state_dict({"ranks": state["ranks"] * 2})
-
-
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -131,6 +160,7 @@ def test_batches_in_flight_resume_at_their_world_size_only() -> None:
         ),
         (["async_training.enable=true", "rollout.vllm.sleep_level=2"], "sleep_level=1"),
         (["async_training.enable=true", "trainer.task=reward_model"], "trains PPO only"),
+        (["async_training.enable=true", "trainer.val_only=true"], "only in training"),
         (["async_training.staleness_threshold=0.1"], "max_staleness_steps"),
         (["rollout.max_head_offpolicyness=2"], "AReaL's name"),
     ],
@@ -149,4 +179,5 @@ def test_correction_is_token_tis_where_samples_lag() -> None:
     assert rollout_is("async_training.enable=true", "async_training.max_staleness_steps=0") is None
     off = "algorithm.rollout_correction.rollout_is=null"
     assert rollout_is("async_training.enable=true", off) is None  # the user's choice
-    assert load_config(None, ["async_training.staleness_threshold=0"]).async_training.lag == 0
+    verl = load_config(None, ["async_training.staleness_threshold=0"])  # verl's default: taken
+    assert verl.async_training == AsyncTrainingConfig()

@@ -541,6 +541,8 @@ def _check_async_training(cfg: AppConfig) -> None:
         return
     if cfg.trainer.task != "ppo":
         raise ValueError(f"{key}.enable: trains PPO only, not trainer.task={cfg.trainer.task}")
+    if cfg.trainer.val_only:
+        raise ValueError(f"{key}.enable takes effect only in training, not trainer.val_only")
     if s is not None and (isinstance(s, bool) or s < 0):
         raise ValueError(f"{key}.max_staleness_steps must be an int >= 0, got {s!r}")
     if at.lag and cfg.algorithm.rollout_correction.bypass_mode:
@@ -715,9 +717,9 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     check_allocator(config.trainer.allocator)
     check_loggers(config.trainer.logger)
     _check_lora(config)
+    _check_async_training(config)
     if config.trainer.val_only:
         _check_val_only(config)
-    _check_async_training(config)
     if config.trainer.task == "reward_model":
         _check_reward_training(config, world_size)
         return []

@@ -7,20 +7,23 @@ last update's), and hands the step the batch generated s steps earlier. The sche
 fixed, not a race: a sample trained at step k > s comes from version k − 1 − s, one of the
 first s steps' from the starting weights (version 0), so every sample is at most s versions
 behind by construction and a run is reproducible however long each side takes. s = 0 is
-the synchronous step (the same calls, the same seeds). Each batch is generated as the step
-that trains it (its sampling seeds are that step's), so the samples do not depend on s.
+the synchronous step (the same calls, the same seeds). Each batch is generated with the
+sampling seeds of the step that trains it, whatever s (the weights that sample it differ).
 
 Ordering rules:
     1. The loader gives each step the batch to *generate* (step k + s); the first step
-       also generates steps 1 … s from the next ``more()`` batches, all with version 0.
-    2. Nothing is generated for a step after ``last_step``.
+       also generates steps 2 … s + 1 from the next ``more()`` batches, all with version 0
+       (after a resume with a larger s, the missing steps likewise).
+    2. Nothing is generated for a step after ``last_step``; such a step puts the engine to
+       sleep itself (the passes expect its memory free).
     3. A step's metrics are those of the generation it ran (``timing_s/gen``, the engine's
        counters; the last s steps run none: ``timing_s/gen`` 0) plus
        ``async/staleness_{min,mean,max}``: the trained samples' age ``(step − 1) − version``
        in policy versions.
-    4. The batches in flight are this source's checkpoint state (every rank's, gathered:
-       :meth:`state_dict` is a collective), so a resumed run trains what an uninterrupted
-       one would; they cannot be regenerated, the weights that made them are gone.
+    4. The batches in flight are this source's checkpoint state (every rank's, gathered on
+       rank 0: :meth:`state_dict` is a collective), so a resumed run trains what an
+       uninterrupted one would; they cannot be regenerated, the weights that made them are
+       gone. They resume at the same layout only, and with s no smaller than their number.
 
 Here the engine shares the trainer's ranks, so generation and training still take turns:
 this is the algorithm of verl's one-step-off / fully-async trainers (their staleness, their
@@ -29,6 +32,7 @@ correction) without their overlap, which needs ranks of their own.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -41,7 +45,7 @@ from fsdp_sharding import default_device
 from klppo_train.config.errors import UserError
 from klppo_train.data.datasets import PromptItem
 from klppo_train.ppo.rollouts import Collected, RolloutSource
-from klppo_train.runtime.process_group import SUMS, world_size
+from klppo_train.runtime.process_group import SUMS, dp_size, world_size
 from klppo_train.workers.trajectories import Trajectories
 from rollout import RolloutEngine
 
@@ -63,27 +67,34 @@ def staleness(t: Trajectories, step: int) -> dict[str, float]:
 @dataclass
 class RolloutsAhead:
     """``inner``'s batches, ``lag`` steps ahead (module docstring). ``more()``: the loader's
-    next batch; ``engine``: woken between the first step's generations (the inner source
-    puts it to sleep after each); ``last_step``: the run's last (None: no end)."""
+    next batch; ``engine``: woken between one step's generations and put to sleep on a step
+    that generates none (the inner source puts it to sleep after each generation);
+    ``last_step``: the run's last (None: no end); ``dataset``: the training prompts (a
+    checkpoint names the batches' prompts by their rows)."""
 
     inner: RolloutSource
     lag: int
     more: Callable[[], Sequence[PromptItem]]
     engine: RolloutEngine
     last_step: int | None = None
+    dataset: Sequence[PromptItem] = ()
     ahead: deque[tuple[int, Collected]] = field(default_factory=deque)
 
     def collect(self, items: Sequence[PromptItem], step: int) -> Collected:
-        ran: list[dict[str, float]] = []  # the metrics of this step's generations
-        if not self.ahead:  # a fresh start (or a synchronous checkpoint): steps step … step+s
-            ran.append(self._generate(items, step))
-            for later in range(step + 1, step + self.lag + 1):
-                if self._ends_before(later):
-                    break
-                self.engine.wake_up()
-                ran.append(self._generate(self.more(), later))
-        elif not self._ends_before(step + self.lag):
-            ran.append(self._generate(items, step + self.lag))
+        """Generate every step up to ``step + lag`` not generated yet (one in a steady run;
+        s + 1 at the start; more after a resume with a larger s or a longer run), then
+        hand over the batch of ``step``."""
+        first = self.ahead[-1][0] + 1 if self.ahead else step
+        until = step + self.lag if self.last_step is None else min(step + self.lag, self.last_step)
+        ran = []  # the metrics of this step's generations
+        for later in range(first, until + 1):
+            if ran:
+                self.engine.wake_up()  # the inner source put it to sleep
+            ran.append(self._generate(items if not ran else self.more(), later))
+        if not ran:  # the last s steps: nothing to generate, the engine still sleeps
+            start = time.perf_counter()
+            self.engine.sleep()
+            ran.append({"timing_s/gen": 0.0, "timing_s/sleep": time.perf_counter() - start})
         due, trained = self.ahead.popleft()
         if due != step:
             raise RuntimeError(f"rollouts ahead: step {step} found the batch of step {due}")
@@ -91,9 +102,6 @@ class RolloutsAhead:
         return Collected(
             trained.items, trained.trajectories, metrics, trained.rule, trained.baselines
         )
-
-    def _ends_before(self, step: int) -> bool:
-        return self.last_step is not None and step > self.last_step
 
     def _generate(self, items: Sequence[PromptItem], step: int) -> dict[str, float]:
         collected = self.inner.collect(items, step)
@@ -110,29 +118,58 @@ class RolloutsAhead:
         return self.inner.generate(items, step, span)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's batches in flight (a collective), as tensors and plain values (the
-        checkpoint is read with ``weights_only``)."""
+        """Every rank's batches in flight, gathered on rank 0 (which writes the trainer
+        state; a collective), as tensors and plain values (the checkpoint is read with
+        ``weights_only``), with the layout they were split for."""
         mine = [_plain(due, c) for due, c in self.ahead]
-        if world_size() == 1:
-            return {"ranks": [mine]}
-        every: list[Any] = [None] * world_size()
-        dist.all_gather_object(every, mine)
-        return {"ranks": every}
+        every: list[Any] = [mine]
+        if world_size() > 1:
+            every = [None] * world_size() if dist.get_rank() == 0 else None
+            dist.gather_object(mine, every, dst=0)
+        return {"ranks": every, "world_size": world_size(), "dp_size": dp_size()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ranks = state["ranks"]
-        if len(ranks) != world_size():
+        if not any(ranks):  # nothing in flight: any layout, any s
+            self.ahead = deque()
+            return
+        layout = (state["world_size"], state["dp_size"])
+        if layout != (world_size(), dp_size()):
             raise UserError(
-                f"async_training: the checkpoint holds batches generated ahead for "
-                f"{len(ranks)} ranks; resume it at that world size (this run has {world_size()})"
+                "async_training: the checkpoint holds batches generated ahead for "
+                f"{layout[0]} ranks ({layout[1]} data-parallel); resume it at that layout "
+                f"(this run: {world_size()}, {dp_size()})"
             )
         rank = dist.get_rank() if dist.is_initialized() else 0
-        self.ahead = deque(_collected(saved) for saved in ranks[rank])
+        rows = {item.index: item for item in self.dataset}
+        self.ahead = deque(_collected(saved, rows) for saved in ranks[rank])
+        if len(self.ahead) > self.lag:
+            raise UserError(
+                f"async_training.max_staleness_steps={self.lag}: the checkpoint holds "
+                f"{len(self.ahead)} batches generated ahead, which would be trained older "
+                f"than the bound; resume with max_staleness_steps >= {len(self.ahead)}"
+            )
+
+
+class NothingAhead:
+    """A synchronous run's checkpoint state in place of :class:`RolloutsAhead`'s: nothing in
+    flight; a checkpoint that holds batches generated ahead is refused (their prompts were
+    taken from the loader already: dropping them would skip them)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranks": [], "world_size": world_size(), "dp_size": dp_size()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if any(state["ranks"]):
+            raise UserError(
+                "the checkpoint holds batches generated ahead of training (async_training); "
+                "resume it with async_training.enable=true"
+            )
 
 
 def _merged(ran: list[dict[str, float]]) -> dict[str, float]:
     """The generations' metrics as one: times and counts added up, the rest the last one's."""
-    merged = dict(ran[-1]) if ran else {"timing_s/gen": 0.0}  # the last s steps: none
+    merged = dict(ran[-1])
     for key in merged:
         if key.startswith("timing_s/") or key in SUMS:
             merged[key] = sum(m.get(key, 0.0) for m in ran)
@@ -140,28 +177,22 @@ def _merged(ran: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _plain(due: int, c: Collected) -> dict[str, Any]:
+    """``c`` as tensors (on the CPU) and plain values; its prompts by their rows."""
     t = {f.name: getattr(c.trajectories, f.name) for f in fields(c.trajectories)}
-    items = [{f.name: getattr(i, f.name) for f in fields(i)} for i in c.items]
-    cpu = {k: v.cpu() if torch.is_tensor(v) else v for k, v in t.items()}
-    return {
-        "step": due,
-        "items": items,
-        "trajectories": cpu,
-        "metrics": dict(c.metrics),
-        "rule": None if c.rule is None else c.rule.cpu(),
-        "baselines": None if c.baselines is None else c.baselines.cpu(),
-    }
-
-
-def _collected(saved: dict[str, Any]) -> tuple[int, Collected]:
-    device = default_device()
-    t = {k: v.to(device) if torch.is_tensor(v) else v for k, v in saved["trajectories"].items()}
-
-    def moved(v):
-        return None if v is None else v.to(device)
-
-    items = [PromptItem(**i) for i in saved["items"]]
-    collected = Collected(
-        items, Trajectories(**t), saved["metrics"], moved(saved["rule"]), moved(saved["baselines"])
+    plain = {f.name: getattr(c, f.name) for f in fields(c)}
+    plain.update(
+        items=[i.index for i in c.items],
+        trajectories={k: v.cpu() if torch.is_tensor(v) else v for k, v in t.items()},
+        metrics=dict(c.metrics),
     )
-    return saved["step"], collected
+    return {"step": due, **{k: v.cpu() if torch.is_tensor(v) else v for k, v in plain.items()}}
+
+
+def _collected(saved: dict[str, Any], rows: dict[int, PromptItem]) -> tuple[int, Collected]:
+    device = default_device()
+    saved = {k: v.to(device) if torch.is_tensor(v) else v for k, v in saved.items()}
+    t = {k: v.to(device) if torch.is_tensor(v) else v for k, v in saved["trajectories"].items()}
+    known = {f.name for f in fields(Collected)}
+    values = {k: v for k, v in saved.items() if k in known}
+    values.update(items=[rows[i] for i in saved["items"]], trajectories=Trajectories(**t))
+    return saved["step"], Collected(**values)

@@ -77,7 +77,8 @@ class StepBuilder:
         """verl's on-policy shortcut: with one mini-batch and one epoch the policy has not
         moved since it generated, so the update uses logπ_old = sg(logπ) and the
         old-log-prob pass is not run — unless the KL in the reward needs logπ before the
-        update, or the estimator Σπ² (:meth:`sum_pi_squared`)."""
+        update, or the estimator Σπ² (:meth:`sum_pi_squared`), or the samples come from older
+        weights (``async_training`` with s > 0)."""
         cfg = self.cfg
         one_update = (
             cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size == cfg.data.train_batch_size
@@ -87,6 +88,7 @@ class StepBuilder:
             and not cfg.algorithm.use_kl_in_reward
             and not self._decoupled()
             and not self.sum_pi_squared()
+            and not cfg.async_training.lag  # samples of older weights: π_old recomputed
         )
 
     def sum_pi_squared(self) -> bool:
@@ -103,12 +105,17 @@ class StepBuilder:
         return rc.enabled and not rc.bypass_mode
 
     def sampled_prompts(
-        self, c: Components, more: Callable[[], Sequence], last_step: int | None = None
+        self,
+        c: Components,
+        more: Callable[[], Sequence],
+        last_step: int | None = None,
+        dataset: Sequence = (),
     ) -> RolloutSource:
         """The step's rollout source: ``c.rollouts``; with ``algorithm.filter_groups`` DAPO's
         dynamic sampling over it, taking further prompts from ``more()``; with
         ``adv_estimator=remax`` one that adds ReMax's greedy baselines; with
-        ``async_training`` either of them generated s steps ahead (until ``last_step``)."""
+        ``async_training`` either of them generated s steps ahead (until ``last_step``; the
+        batches in flight are checkpointed by their prompts' rows of ``dataset``)."""
         source = self._sampled(c, more)
         at = self.cfg.async_training
         if not at.enable:
@@ -118,7 +125,7 @@ class StepBuilder:
             "correction's weights: %s", at.lag,
             self.cfg.algorithm.rollout_correction.rollout_is or "none",
         )  # fmt: skip
-        return RolloutsAhead(source, at.lag, more, c.engine, last_step)
+        return RolloutsAhead(source, at.lag, more, c.engine, last_step, dataset)
 
     def _sampled(self, c: Components, more: Callable[[], Sequence]) -> RolloutSource:
         fg = self.cfg.algorithm.filter_groups

@@ -25,7 +25,7 @@ from klppo_train.loop.checkpoints import BudgetsInForce, RNGStates, Stateful
 from klppo_train.loop.report import PLOTTED
 from klppo_train.loop.run_dir import run_task, total_steps
 from klppo_train.ppo.components import Components
-from klppo_train.ppo.rollouts_ahead import RolloutsAhead
+from klppo_train.ppo.rollouts_ahead import NothingAhead, RolloutsAhead
 from klppo_train.ppo.step import calibrate_reward_model, ppo_step
 from klppo_train.runtime.launch import launch_world_size
 from klppo_train.runtime.process_group import is_main
@@ -110,7 +110,7 @@ class PPOTask:
             loader = PromptLoader(checked.train, d.loader_batch_size, d.seed, d.shuffle)
             steps = total_steps(cfg.trainer, len(loader))
             builder = StepBuilder(cfg)
-            c.rollouts = builder.sampled_prompts(c, loader.next_batch, steps)
+            c.rollouts = builder.sampled_prompts(c, loader.next_batch, steps, checked.train.items)
             found = validation_metrics(checked.val, checked.rewards, cfg.reward_model.enable)
             return cls(
                 c, builder.configured_budgets(), builder.probe_shape(), loader,
@@ -128,13 +128,13 @@ class PPOTask:
     def states(self) -> dict[str, Stateful]:
         """Everything besides the trainees' models and optimizers that a resumed run
         needs, by the name it is saved under: each trainee's LR scheduler, the KL
-        controller, the loader's position, the token budgets, the RNG states and the reward
-        normalization in force."""
+        controller, the loader's position, the token budgets, the RNG states, the reward
+        normalization in force and the batches generated ahead (``async_training``)."""
         c = self.c
         scheduled = zip(c.trainees(), self.schedulers, strict=True)
         lr = {f"lr_scheduler/{t.name}": s for t, s in scheduled}
         rm = {"reward_model": c.reward_model} if c.reward_model is not None else {}
-        ahead = {"rollouts_ahead": c.rollouts} if isinstance(c.rollouts, RolloutsAhead) else {}
+        ahead = c.rollouts if isinstance(c.rollouts, RolloutsAhead) else NothingAhead()
         return {
             **lr,
             "kl_controller": c.kl_controller,
@@ -142,7 +142,7 @@ class PPOTask:
             "budgets": BudgetsInForce(c),
             "rng": RNGStates(),
             **rm,
-            **ahead,
+            "rollouts_ahead": ahead,
         }
 
     def start(self, first: int, run_dir: Path) -> None:
