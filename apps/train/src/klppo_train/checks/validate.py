@@ -25,12 +25,14 @@ from klppo_train.config.choices import (
 from klppo_train.config.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
 from klppo_train.config.schema import (
     AppConfig,
+    AsyncTrainingConfig,
     DataConfig,
     FilterGroupsConfig,
     ModelConfig,
     MultiTurnSection,
     OverlongBufferConfig,
     RewardModelConfig,
+    RolloutConfig,
     TrainerConfig,
 )
 from klppo_train.data import sources
@@ -530,28 +532,30 @@ def _check_rollout_correction(cfg: AppConfig) -> None:
         raise ValueError(f"{key}.loss_type takes effect only with {key}.bypass_mode=true")
 
 
-def _check_async_training(cfg: AppConfig) -> None:
+def _check_async_training(
+    at: AsyncTrainingConfig, trainer: TrainerConfig, bypass: bool, rollout: RolloutConfig
+) -> None:
     """``async_training``: a staleness bound ≥ 0 that takes effect, and the old-log-prob
-    pass it needs (π_old = the trainer's weights: samples of older weights are off-policy)."""
-    at, key = cfg.async_training, "async_training"
-    s = at.max_staleness_steps
+    pass it needs (π_old = the trainer's weights: samples of older weights are off-policy;
+    ``bypass``: rollout correction's bypass mode takes the engine's)."""
+    key, s = "async_training", at.max_staleness_steps
     if not at.enable:
         if s is not None:
             raise ValueError(f"{key}.max_staleness_steps takes effect only with {key}.enable=true")
         return
-    if cfg.trainer.task != "ppo":
-        raise ValueError(f"{key}.enable: trains PPO only, not trainer.task={cfg.trainer.task}")
-    if cfg.trainer.val_only:
+    if trainer.task != "ppo":
+        raise ValueError(f"{key}.enable: trains PPO only, not trainer.task={trainer.task}")
+    if trainer.val_only:
         raise ValueError(f"{key}.enable takes effect only in training, not trainer.val_only")
     if s is not None and (isinstance(s, bool) or s < 0):
         raise ValueError(f"{key}.max_staleness_steps must be an int >= 0, got {s!r}")
-    if at.lag and cfg.algorithm.rollout_correction.bypass_mode:
+    if at.lag and bypass:
         raise ValueError(
             f"{key}.max_staleness_steps={at.lag} with algorithm.rollout_correction.bypass_mode"
             ": stale samples need π_old from the trainer's weights (the old-log-prob pass), "
             "bypass mode takes the engine's"
         )
-    if at.lag and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.sleep_level == 2:
+    if at.lag and rollout.engine == "vllm" and rollout.vllm.sleep_level == 2:
         raise ValueError(
             f"{key}: the first steps' batches are generated ahead across an engine sleep, "
             "which rollout.vllm.sleep_level=2 empties of its weights: use sleep_level=1"
@@ -717,7 +721,8 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     check_allocator(config.trainer.allocator)
     check_loggers(config.trainer.logger)
     _check_lora(config)
-    _check_async_training(config)
+    bypass = config.algorithm.rollout_correction.bypass_mode
+    _check_async_training(config.async_training, config.trainer, bypass, config.rollout)
     if config.trainer.val_only:
         _check_val_only(config)
     if config.trainer.task == "reward_model":

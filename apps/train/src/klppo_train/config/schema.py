@@ -723,7 +723,9 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | None = 
         built = OmegaConf.to_object(merged)
     except ValueError:
         raise ValueError(_failing_section(merged, "")) from None
-    return _resolve_rollout_is(_resolve_share_prompts(_follow_actor_dynamic_bsz(built)))
+    resolved = _resolve_share_prompts(_follow_actor_dynamic_bsz(built))
+    algorithm = _resolve_rollout_is(resolved.algorithm, resolved.async_training)
+    return replace(resolved, algorithm=algorithm)
 
 
 def _writable(node: Node) -> Node:
@@ -798,15 +800,14 @@ def _resolve_share_prompts(cfg: AppConfig) -> AppConfig:
     return replace(cfg, model=replace(cfg.model, share_prompts=not why))
 
 
-def _resolve_rollout_is(cfg: AppConfig) -> AppConfig:
+def _resolve_rollout_is(algorithm: AlgorithmConfig, at: AsyncTrainingConfig) -> AlgorithmConfig:
     """``algorithm.rollout_correction.rollout_is: auto``: token TIS where the samples come
     from older weights than the trainer's (``async_training`` with s > 0), else none."""
-    rc = cfg.algorithm.rollout_correction
+    rc = algorithm.rollout_correction
     if rc.rollout_is != "auto":
-        return cfg
-    chosen = "token" if cfg.async_training.lag > 0 else None
-    algorithm = replace(cfg.algorithm, rollout_correction=replace(rc, rollout_is=chosen))
-    return replace(cfg, algorithm=algorithm)
+        return algorithm
+    chosen = "token" if at.lag > 0 else None
+    return replace(algorithm, rollout_correction=replace(rc, rollout_is=chosen))
 
 
 def to_yaml(config: AppConfig) -> str:
