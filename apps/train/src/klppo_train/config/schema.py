@@ -324,8 +324,9 @@ class RolloutCorrectionConfig:
 
     @property
     def enabled(self) -> bool:
-        """Whether weights or rejection are computed (bypass_mode alone is neither)."""
-        return self.rollout_is is not None or self.rollout_rs is not None
+        """Whether weights or rejection are computed (bypass_mode alone is neither; an
+        ``auto`` that :func:`load_config` did not resolve: none)."""
+        return self.rollout_is not in (None, "auto") or self.rollout_rs is not None
 
 
 @dataclass(frozen=True, kw_only=True)
