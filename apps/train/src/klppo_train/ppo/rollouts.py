@@ -172,11 +172,11 @@ class ColocatedRollouts:
 
 
 @dataclass
-class OverColocated:
+class OverSource:
     """The base of a rollout source that changes how ``inner`` collects a step's samples
-    (dynamic sampling, ReMax's greedy baselines) and leaves the rest to it."""
+    and leaves publishing, resuming and generating outside a step to it."""
 
-    inner: ColocatedRollouts
+    inner: RolloutSource
 
     def publish(self, version: int) -> dict[str, float]:
         return self.inner.publish(version)
@@ -186,3 +186,11 @@ class OverColocated:
 
     def generate(self, items: Sequence[PromptItem], step: int, span: range):
         return self.inner.generate(items, step, span)
+
+
+@dataclass
+class OverColocated(OverSource):
+    """An :class:`OverSource` over the colocated engine (dynamic sampling, ReMax's greedy
+    baselines): it puts the engine to sleep itself (``inner.rest()``) once its samples are in."""
+
+    inner: ColocatedRollouts

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from fsdp_sharding import default_device
 from klppo_train.config.errors import UserError
 from klppo_train.data.datasets import PromptItem
-from klppo_train.ppo.rollouts import Collected, RolloutSource
+from klppo_train.ppo.rollouts import Collected, OverSource, RolloutSource
 from klppo_train.runtime.process_group import SUMS, dp_size, world_size
 from klppo_train.workers.trajectories import Trajectories
 from rollout import RolloutEngine
@@ -65,7 +65,7 @@ def staleness(t: Trajectories, step: int) -> dict[str, float]:
 
 
 @dataclass
-class RolloutsAhead:
+class RolloutsAhead(OverSource):
     """``inner``'s batches, ``lag`` steps ahead (module docstring). ``more()``: the loader's
     next batch; ``engine``: woken between one step's generations and put to sleep on a step
     that generates none (the inner source puts it to sleep after each generation);
@@ -107,15 +107,6 @@ class RolloutsAhead:
         collected = self.inner.collect(items, step)
         self.ahead.append((step, collected))
         return collected.metrics
-
-    def publish(self, version: int) -> dict[str, float]:
-        return self.inner.publish(version)
-
-    def resume(self, version: int) -> None:
-        self.inner.resume(version)
-
-    def generate(self, items: Sequence[PromptItem], step: int, span: range):
-        return self.inner.generate(items, step, span)
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's batches in flight, gathered on rank 0 (which writes the trainer
