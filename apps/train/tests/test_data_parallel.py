@@ -227,3 +227,52 @@ def test_dynamic_sampling_ahead_is_the_same_at_world_size_1_and_2(tmp_path: Path
     assert [r["step"] for r in records] == [0, 1, 2]  # step 2 once, from the saved batch
     _same(alone[2], records[2])
     assert records[2]["async/staleness_max"] == 1.0
+
+
+def _equal(a: dict, b: dict, tol: float = 1e-6) -> None:
+    """Every metric both records hold, but wall times and the rates made of them."""
+    timed = ("timing_s/", "perf/", "async/trainer_idle", "async/generator_idle")
+    keys = [k for k in a.keys() & b.keys() if not k.startswith(timed)]
+    assert len(keys) > 25, sorted(keys)
+    for key in keys:
+        assert abs(a[key] - b[key]) <= tol * max(1.0, abs(a[key])), (a["step"], key)
+
+
+@pytest.mark.slow  # three PPO steps at world size 1 (twice) and 2 (three times)
+def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path) -> None:
+    """``async_training.rollout_ranks=1`` at world size 2 (one training, one generating
+    rank): at s = 0 every metric is the synchronous world-size-1 run's, validation (answered
+    by the generating rank) included; at s = 1 the colocated s = 1 run's, the samples one
+    version old. Resumed from step 1, the batch that was in flight is generated again with
+    the checkpoint's weights: step 2 is on-policy, step 3 one version old again."""
+    one = tmp_path / "sync"
+    steps = ("trainer.test_freq=3",)
+    ahead = ("async_training.enable=true", "async_training.rollout_ranks=1")
+    sync = _train(one, one / "data", [sys.executable], *steps)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    runs = {}
+    for name, launcher, more in (
+        ("split0", torchrun, (*ahead, "async_training.max_staleness_steps=0")),
+        ("colocated1", [sys.executable], ("async_training.enable=true",)),
+        ("split1", torchrun, ahead),
+    ):
+        shutil.copytree(one / "model", tmp_path / name / "model")
+        runs[name] = _train(tmp_path / name, one / "data", launcher, *steps, *more)
+    assert [r["step"] for r in runs["split0"]] == [0, 1, 2, 3]
+    assert "val/arithmetic/acc" in runs["split0"][3]
+    for a, b in zip(sync[1:], runs["split0"][1:], strict=True):
+        _equal(a, b)
+        assert b["async/staleness_max"] == 0.0 and b["async/trainer_idle_s"] >= 0.0
+    for a, b in zip(runs["colocated1"][1:], runs["split1"][1:], strict=True):
+        _equal(a, b)
+    assert [r["async/staleness_max"] for r in runs["split1"][1:]] == [0.0, 1.0, 1.0]
+    assert [r["async/staleness_min"] for r in runs["split1"][1:]] == [0.0, 1.0, 1.0]
+    _same_weights(one, tmp_path / "split0")
+    run = tmp_path / "split1_resumed"
+    shutil.copytree(
+        tmp_path / "split1", run, ignore=shutil.ignore_patterns("actor_hf", "global_step_[23]")
+    )
+    resume = f"trainer.resume_mode={run}/checkpoints/global_step_1"
+    records = _train(run, one / "data", torchrun, *steps, *ahead, resume)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]  # each step once
+    assert [r["async/staleness_max"] for r in records[2:]] == [0.0, 1.0]

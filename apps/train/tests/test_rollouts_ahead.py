@@ -170,6 +170,33 @@ def test_bad_async_keys_fail_before_any_model(extra: list[str], message: str) ->
         validate_config(load_config(None, extra))
 
 
+RANKS = ("async_training.enable=true", "async_training.rollout_ranks=1")
+
+
+@pytest.mark.parametrize(
+    ("extra", "world", "message"),
+    [
+        (["async_training.rollout_ranks=1"], 2, "takes effect only with async_training.enable"),
+        (["async_training.enable=true", "async_training.rollout_ranks=-1"], 2, "int >= 0"),
+        (list(RANKS), 1, "leaves no training rank in the launch's world size 1"),
+        (["async_training.enable=true", "async_training.rollout_ranks=2"], 2, "no training rank"),
+        (list(RANKS), 3, "one generating rank beside one training rank"),
+        ([*RANKS, "model.lora_rank=8"], 2, "LoRA"),
+        ([*RANKS, "critic.lora_rank=8"], 2, "LoRA"),
+        ([*RANKS, "reward_model.enable=true", "reward_model.path=/x"], 2, "reward_model.enable"),
+        # the checks after the split count the training ranks: 1 of 2
+        ([*RANKS, "actor.ulysses_sequence_parallel_size=2"], 2, "ulysses_sequence_parallel"),
+    ],
+)
+def test_bad_rollout_ranks_fail_before_any_model(extra: list[str], world: int, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_config(load_config(None, extra), world)
+
+
+def test_rollout_ranks_leave_the_training_ranks_to_the_other_checks() -> None:
+    validate_config(load_config(None, list(RANKS)), 2)  # 1 + 1: the default fits
+
+
 def test_correction_is_token_tis_where_samples_lag() -> None:
     def rollout_is(*extra: str):
         return load_config(None, list(extra)).algorithm.rollout_correction.rollout_is

@@ -14,6 +14,9 @@
 - LoRA: :class:`AdapterSync` (a :class:`WeightPublisher`: only the adapters sent, merged
   into the engine's base weights), :class:`BaseWeights`, :func:`merged_weights`,
   :func:`adapter_module`
+- Between ranks (``async_training.rollout_ranks``): :class:`StreamedEngine` (the training
+  side's stand-in for an engine on another rank), :func:`receive_weights`,
+  :func:`send_object` / :func:`recv_object` / :func:`wait_all`, :class:`Outbox`
 """
 
 from importlib import import_module
@@ -50,6 +53,12 @@ _EXPORTS = {
     "adapter_module": "lora",
     "adapter_pairs": "lora",
     "merged_weights": "lora",
+    "Outbox": "stream",
+    "StreamedEngine": "stream",
+    "receive_weights": "stream",
+    "recv_object": "stream",
+    "send_object": "stream",
+    "wait_all": "stream",
     "HFEngine": "hf_engine",
     "HFEngineConfig": "config",
     "RolloutBatch": "types",

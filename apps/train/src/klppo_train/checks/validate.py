@@ -24,6 +24,7 @@ from klppo_train.config.choices import (
 )
 from klppo_train.config.roles import AUTO, ROLES, longest_sequence, run_roles, uses_budget
 from klppo_train.config.schema import (
+    AlgorithmConfig,
     AppConfig,
     AsyncTrainingConfig,
     DataConfig,
@@ -408,7 +409,7 @@ def _check_algorithm(cfg: AppConfig) -> None:
     _check_filter_groups(cfg.algorithm.filter_groups, cfg.reward_model, cfg.rollout.sampling.n)
     estimator = cfg.algorithm.adv_estimator
     if estimator in TOKEN_BASELINE_ESTIMATORS or cfg.actor.calculate_sum_pi_squared:
-        _check_sum_pi_squared(cfg)
+        _check_sum_pi_squared(cfg.algorithm, cfg.rollout.sampling.n)
     if estimator == "remax":
         _check_remax(cfg.algorithm.filter_groups, cfg.reward_model)
     if estimator == "gae" and not cfg.critic.enable:
@@ -420,13 +421,13 @@ def _check_algorithm(cfg: AppConfig) -> None:
         )
 
 
-def _check_sum_pi_squared(cfg: AppConfig) -> None:
+def _check_sum_pi_squared(algorithm: AlgorithmConfig, n: int) -> None:
     """Σπ² comes from the old-log-prob pass; the optimal token baseline reads it and weighs
-    a prompt's responses against each other."""
-    estimator = cfg.algorithm.adv_estimator
+    a prompt's ``n`` responses against each other."""
+    estimator = algorithm.adv_estimator
     if estimator not in TOKEN_BASELINE_ESTIMATORS:
         estimator = ""
-    if cfg.algorithm.rollout_correction.bypass_mode:
+    if algorithm.rollout_correction.bypass_mode:
         who = (
             f"algorithm.adv_estimator={estimator}"
             if estimator
@@ -436,10 +437,10 @@ def _check_sum_pi_squared(cfg: AppConfig) -> None:
             f"{who} needs Σπ² from the old-log-prob pass, which "
             "algorithm.rollout_correction.bypass_mode skips: turn one of them off"
         )
-    if estimator and cfg.rollout.sampling.n < 2:
+    if estimator and n < 2:
         raise ValueError(
             f"algorithm.adv_estimator={estimator} is a baseline over a prompt's samples: "
-            f"rollout.n must be >= 2, got {cfg.rollout.sampling.n}"
+            f"rollout.n must be >= 2, got {n}"
         )
 
 
@@ -560,6 +561,35 @@ def _check_async_training(
             f"{key}: the first steps' batches are generated ahead across an engine sleep, "
             "which rollout.vllm.sleep_level=2 empties of its weights: use sleep_level=1"
         )
+
+
+def _check_rollout_ranks(at: AsyncTrainingConfig, world_size: int, lora: bool, rm: bool) -> None:
+    """``async_training.rollout_ranks``: ranks of their own for the engine (this version:
+    one of them beside one training rank, full weights, rule rewards)."""
+    key, r = "async_training.rollout_ranks", at.rollout_ranks
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ValueError(f"{key} must be an int >= 0, got {r!r}")
+    if not r:
+        return
+    if not at.enable:
+        raise ValueError(f"{key}={r} takes effect only with async_training.enable=true")
+    if r >= world_size:
+        raise ValueError(
+            f"{key}={r} leaves no training rank in the launch's world size {world_size} "
+            "(torchrun --nproc-per-node × --nnodes)"
+        )
+    if (r, world_size) != (1, 2):
+        raise ValueError(
+            f"{key}={r} at world size {world_size}: this version runs one generating rank "
+            "beside one training rank (torchrun --nproc-per-node=2, rollout_ranks=1)"
+        )
+    refused = {
+        "LoRA (model.lora_rank / critic.lora_rank)": lora,
+        "reward_model.enable (its scores are computed where it is sharded)": rm,
+    }
+    for what, on in refused.items():
+        if on:
+            raise ValueError(f"{key}={r} with {what}: not supported yet (rollout_ranks=0 is)")
 
 
 def _check_token_budgets(cfg: AppConfig) -> list[str]:
@@ -715,7 +745,6 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_budget_values(config)
     _check_resume(config.trainer)
     _check_best(config.trainer)
-    _check_fsdp_sizes(config, world_size)
     _check_launch(config.trainer, world_size)
     _check_compiler(config.model)
     check_allocator(config.trainer.allocator)
@@ -723,6 +752,10 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_lora(config)
     bypass = config.algorithm.rollout_correction.bypass_mode
     _check_async_training(config.async_training, config.trainer, bypass, config.rollout)
+    lora = bool(config.model.lora_rank or config.critic.lora_rank)
+    _check_rollout_ranks(config.async_training, world_size, lora, config.reward_model.enable)
+    world_size -= config.async_training.rollout_ranks  # the training ranks, from here on
+    _check_fsdp_sizes(config, world_size)
     if config.trainer.val_only:
         _check_val_only(config)
     if config.trainer.task == "reward_model":

@@ -27,6 +27,13 @@ class AsyncTrainingConfig:
     flight (generated, not yet trained) are saved in each checkpoint, so a resumed run
     trains exactly what an uninterrupted one would (AReaL's ``max_head_offpolicyness``)."""
 
+    rollout_ranks: int = 0
+    """R: ranks of the world that hold only the rollout engine and generate while the
+    other ranks train (0: every rank does both, taking turns). With R = 1 and s ≥ 1 the
+    generating rank samples batch k + s while the training rank updates on batch k; the
+    weights stream to it after each update. This version: one training and one generating
+    rank (world size 2)."""
+
     @property
     def lag(self) -> int:
         """s in force (0: synchronous)."""

@@ -93,6 +93,7 @@ class ColocatedRollouts:
     pad_token_id: int
     sampler: Sampler  # the engine's single turn, or conversations with tools over it
     stats: RolloutStats | None = None  # vLLM's counters per step (log stats on)
+    sleeps: bool = True  # False on a generating rank of its own: no trainer needs the memory
 
     def generate(self, items: Sequence[PromptItem], step: int, span: range):
         """``(items, trajectories, metrics)``: rollouts of this rank's ``items`` (the
@@ -153,6 +154,8 @@ class ColocatedRollouts:
     def rest(self) -> dict[str, float]:
         """The engine sleeps (frees its GPU memory for the passes) once the step's samples
         are in: ``timing_s/sleep``."""
+        if not self.sleeps:
+            return {}
         start = time.perf_counter()
         self.engine.sleep()
         return {"timing_s/sleep": time.perf_counter() - start}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -27,10 +28,34 @@ _HOST_GROUP: Any = None  # gloo beside NCCL: host-side agreements without a devi
 _DATA_PARALLEL: tuple[Any, int, int] | None = None
 
 
-def init_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
-    """``(rank, world_size)``, creating the default process group if there is none;
+@dataclass(frozen=True)
+class RolloutLink:
+    """``async_training.rollout_ranks``: the world's global ranks ``[0, trainers)`` train
+    (their default group), the rest generate (theirs); ``group`` (gloo, global ranks)
+    joins both sides. This version: one generating rank, ``generator``."""
+
+    group: Any
+    generates: bool
+    trainers: int
+
+    @property
+    def generator(self) -> int:
+        return self.trainers
+
+
+_LINK: RolloutLink | None = None
+
+
+def rollout_link() -> RolloutLink | None:
+    """The link to the other side, or None where every rank does both."""
+    return _LINK
+
+
+def init_distributed(timeout_s: float = 1800.0, rollout_ranks: int = 0) -> tuple[int, int]:
+    """``(rank, world_size)`` of this rank's default group, creating it if there is none;
     ``timeout_s``: how long a collective waits for a rank that does not arrive
-    (``trainer.collective_timeout_s``)."""
+    (``trainer.collective_timeout_s``). With ``rollout_ranks`` (under torchrun) the last
+    ranks get a default group of their own, the others theirs (:func:`rollout_link`)."""
     global _HOST_GROUP
     if not dist.is_initialized():
         if "RANK" in os.environ:  # torchrun
@@ -39,8 +64,11 @@ def init_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             timeout = timedelta(seconds=timeout_s)
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+            store = _attempt_store(store)
+            if rollout_ranks:
+                store, rank, world = _split(store, rank, world, rollout_ranks, timeout)
             dist.init_process_group(
-                backend, store=_attempt_store(store), rank=rank, world_size=world, timeout=timeout
+                backend, store=store, rank=rank, world_size=world, timeout=timeout
             )
             if backend == "nccl" and dist.get_world_size() > 1:
                 _HOST_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -52,6 +80,23 @@ def init_distributed(timeout_s: float = 1800.0) -> tuple[int, int]:
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _split(store: dist.Store, rank: int, world: int, generators: int, timeout: timedelta):
+    """``(store, rank, size)`` of this rank's side (training: the first ``world −
+    generators`` ranks); the link between the sides (gloo: it carries host tensors, the
+    weights in the engine's dtype and pickled batches)."""
+    global _LINK
+    trainers = world - generators
+    link = dist.ProcessGroupGloo(dist.PrefixStore("klppo/link", store), rank, world, timeout)
+    _LINK = RolloutLink(link, rank >= trainers, trainers)
+    side = "generate" if _LINK.generates else "train"
+    mine = rank - trainers if _LINK.generates else rank
+    return (
+        dist.PrefixStore(f"klppo/{side}", store),
+        mine,
+        generators if _LINK.generates else trainers,
+    )
 
 
 def _attempt_store(store: dist.Store) -> dist.Store:

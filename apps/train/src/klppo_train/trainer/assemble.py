@@ -116,7 +116,7 @@ class StepBuilder:
         ``adv_estimator=remax`` one that adds ReMax's greedy baselines; with
         ``async_training`` either of them generated s steps ahead (until ``last_step``; the
         batches in flight are checkpointed by their prompts' rows of ``dataset``)."""
-        source = self._sampled(c, more)
+        source = self.sampled(c, more)
         at = self.cfg.async_training
         if not at.enable:
             return source
@@ -127,7 +127,9 @@ class StepBuilder:
         )  # fmt: skip
         return RolloutsAhead(source, at.lag, more, c.engine, last_step, dataset)
 
-    def _sampled(self, c: Components, more: Callable[[], Sequence]) -> RolloutSource:
+    def sampled(self, c: Components, more: Callable[[], Sequence]) -> RolloutSource:
+        """``c.rollouts``, or dynamic sampling / ReMax's baselines over it (``c``: what has
+        ``rollouts``, ``tokenizer``, ``rewards`` and ``shaping``)."""
         fg = self.cfg.algorithm.filter_groups
         score = functools.partial(rule_scores, c.tokenizer, c.rewards)
         if self.cfg.algorithm.adv_estimator == "remax":

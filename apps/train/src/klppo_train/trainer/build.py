@@ -38,8 +38,9 @@ from klppo_train.runtime.engine import build_engine
 from klppo_train.runtime.lora import Lora, WithoutAdapters, export_lora, lora_of
 from klppo_train.runtime.packed_attention import GROUP_ATTENTION, packed_attention_implementation
 from klppo_train.runtime.precision import Precision, resolve_precision, role_sharding
+from klppo_train.runtime.process_group import rollout_link
 from klppo_train.trainer.assemble import StepBuilder
-from rollout import AdapterSync, Tool, WeightSync
+from rollout import AdapterSync, StreamedEngine, Tool, WeightSync
 
 log = logging.getLogger("klppo_train")
 
@@ -202,7 +203,12 @@ def build_components(
     critic = _critic(cfg, model_dir, compute) if cfg.critic.enable else None
     reward_model = _reward_model(cfg, compute)
     ensemble = [_reward_model(cfg, compute, path) for path in cfg.reward_model.ensemble.paths]
-    engine = build_engine(cfg, model_dir, tokenizer, compute)
+    link = rollout_link()  # a generating rank of its own: the weights stream to it
+    engine = (
+        StreamedEngine(link.group, link.generator)
+        if link
+        else build_engine(cfg, model_dir, tokenizer, compute)
+    )
     sync = _weight_sync(actor, engine, model_dir, compute, lora)
     return StepBuilder(cfg).components(
         actor=actor, engine=engine, weight_sync=sync,

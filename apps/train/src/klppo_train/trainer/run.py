@@ -25,13 +25,15 @@ from klppo_train.loop.checkpoints import BudgetsInForce, RNGStates, Stateful
 from klppo_train.loop.report import PLOTTED
 from klppo_train.loop.run_dir import run_task, total_steps
 from klppo_train.ppo.components import Components
+from klppo_train.ppo.rollout_ranks import RemoteRollouts
 from klppo_train.ppo.rollouts_ahead import NothingAhead, RolloutsAhead
 from klppo_train.ppo.step import calibrate_reward_model, ppo_step
 from klppo_train.runtime.launch import launch_world_size
-from klppo_train.runtime.process_group import is_main
+from klppo_train.runtime.process_group import init_distributed, is_main, rollout_link
 from klppo_train.tracking.metrics_log import SHOWN
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.build import build_components
+from klppo_train.trainer.generating_rank import generate
 from klppo_train.trainer.probe import ProbeShape, choose_budgets
 from klppo_train.trainer.validation import validate
 
@@ -43,6 +45,10 @@ def train(cfg: AppConfig, checked: Checked | None = None) -> dict:
     summary. ``checked``: what :func:`klppo_train.checks.preflight.preflight` returned (run
     here when not given). Engine and process group are closed however the run ends."""
     checked = checked or preflight(cfg, launch_world_size())
+    if cfg.async_training.rollout_ranks:  # the world splits into training and generating ranks
+        init_distributed(cfg.trainer.collective_timeout_s, cfg.async_training.rollout_ranks)
+        if rollout_link().generates:
+            return generate(cfg, checked)
     return run_task(cfg, lambda model_dir: PPOTask.build(cfg, checked, model_dir))
 
 
@@ -110,7 +116,12 @@ class PPOTask:
             loader = PromptLoader(checked.train, d.loader_batch_size, d.seed, d.shuffle)
             steps = total_steps(cfg.trainer, len(loader))
             builder = StepBuilder(cfg)
-            c.rollouts = builder.sampled_prompts(c, loader.next_batch, steps, checked.train.items)
+            link = rollout_link()
+            c.rollouts = (
+                RemoteRollouts(link, c.weight_sync, loader)
+                if link
+                else builder.sampled_prompts(c, loader.next_batch, steps, checked.train.items)
+            )
             found = validation_metrics(checked.val, checked.rewards, cfg.reward_model.enable)
             return cls(
                 c, builder.configured_budgets(), builder.probe_shape(), loader,
@@ -161,6 +172,8 @@ class PPOTask:
         return metrics
 
     def validate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        if isinstance(self.c.rollouts, RemoteRollouts):  # the engine is on the generating rank
+            return self.c.rollouts.validate(step)
         return validate(self.c, self.val_items, self.val_batch_size, self.generations)
 
     def export(self, run_dir: Path) -> None:
@@ -173,5 +186,7 @@ class PPOTask:
             self.c.export_actor(run_dir, "_best")
 
     def close(self) -> None:
+        if isinstance(self.c.rollouts, RemoteRollouts):
+            self.c.rollouts.close()  # the generating rank stops
         self.c.sampler.close()  # the tools' threads
         self.c.engine.close()  # vLLM's shutdown destroys the default group; HF's does not

@@ -1,0 +1,161 @@
+"""Rollouts from a rank of their own (``async_training.rollout_ranks``): the training rank's
+:class:`RemoteRollouts` (a :class:`klppo_train.ppo.rollouts.RolloutSource`) and the
+generating rank's loop, :func:`serve`.
+
+The two talk over the gloo group that joins the world (:func:`klppo_train.runtime.
+process_group.rollout_link`); sends return at once, receives block (:mod:`rollout.stream`).
+The training rank sends orders, in this order: ``start`` (the step the run continues after,
+and the loader's position then), then per step ``weights`` (followed by the version's
+tensors, :class:`rollout.StreamedEngine`), ``validate`` where the loop validates, ``stop``
+at the end. The generating rank sends each batch it generated and each validation's results.
+
+Ordering rules (the schedule of :class:`klppo_train.ppo.rollouts_ahead.RolloutsAhead`, now
+overlapped):
+    1. The generating rank generates batch j as soon as it holds version j − 1 − s (from the
+       start: the starting weights), and never with any other version: it generates every
+       batch it may before it takes the next order. So the batch of step k > s is version
+       k − 1 − s's, exactly as in a colocated run with the same s, and s = 0 is the
+       synchronous run.
+    2. A ``validate`` order follows the weights of its step, so validation answers with the
+       weights just trained (the batch generated next uses the same version).
+    3. Each batch carries the generating rank's loader position after it; the training rank
+       takes it as its own (its checkpoints hold it). A resumed run sends it back with
+       ``start``, and the generating rank generates the steps after the checkpoint anew with
+       the checkpoint's weights: the batches that were in flight are regenerated (younger
+       than the bound allows), not saved.
+    4. Nothing is generated for a step after ``last_step``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from klppo_train.data.datasets import PromptLoader
+from klppo_train.ppo.rollouts import Collected, RolloutSource
+from klppo_train.ppo.rollouts_ahead import staleness
+from klppo_train.runtime.process_group import RolloutLink
+from rollout import Outbox, WeightPublisher, receive_weights, recv_object, send_object
+
+VALIDATION_TAG = 13  # validation's results: a channel of their own (batches may come first)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What the generating rank sends: the batch of ``step``, its loader position after it
+    and how long it waited for the order before it (``idle_s``)."""
+
+    step: int
+    collected: Collected
+    loader: dict[str, Any]
+    idle_s: float
+
+
+@dataclass
+class RemoteRollouts:
+    """The training rank's source: batches from the generating rank (module docstring);
+    ``publisher``: a :class:`rollout.WeightSync` over a :class:`rollout.StreamedEngine`;
+    ``loader``: the run's (checkpointed) loader, kept at the generating rank's position."""
+
+    link: RolloutLink
+    publisher: WeightPublisher
+    loader: PromptLoader
+    started: bool = False
+    outbox: Outbox = field(default_factory=Outbox)
+
+    def _order(self, order: tuple) -> None:
+        if not self.started and order[0] != "start":
+            self._order(("start", 0, None))
+        self.started = True
+        self.outbox.add(send_object(self.link.group, self.link.generator, order))
+
+    def collect(self, items, step: int) -> Collected:
+        """The batch of ``step`` (``items``, the training rank's own loader batch, is not
+        used: the generating rank's loader gives the same one)."""
+        if not self.started:
+            self._order(("start", 0, None))
+        start = time.perf_counter()
+        got: Batch = recv_object(self.link.group, self.link.generator)
+        waited = time.perf_counter() - start
+        if got.step != step:
+            raise RuntimeError(f"rollout ranks: step {step} received the batch of {got.step}")
+        self.loader.load_state_dict(got.loader)
+        c = got.collected
+        metrics = {
+            **c.metrics,
+            **staleness(c.trajectories, step),
+            "async/trainer_idle_s": waited,
+            "async/generator_idle_s": got.idle_s,
+        }
+        return Collected(c.items, c.trajectories, metrics, c.rule, c.baselines)
+
+    def publish(self, version: int) -> dict[str, float]:
+        self._order(("weights", version))
+        return self.publisher.sync(version=version)
+
+    def resume(self, version: int) -> None:
+        self._order(("start", version, self.loader.state_dict()))
+        self.publisher.sync(version=version)
+
+    def generate(self, items, step: int, span: range):
+        raise RuntimeError("rollout ranks: nothing generates on a training rank")
+
+    def validate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        """The generating rank's validation with the weights of ``step``."""
+        self._order(("validate", step))
+        return recv_object(self.link.group, self.link.generator, VALIDATION_TAG)
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the generating rank may be gone (a signal)
+            self._order(("stop",))
+            self.outbox.flush()
+
+
+@dataclass
+class Serving:
+    """The generating rank's side: ``source`` (colocated, dynamic sampling, ReMax's) over
+    ``engine``, the run's ``loader``, ``validator()`` → validation's ``(metrics, rows)``."""
+
+    link: RolloutLink
+    source: RolloutSource
+    engine: Any
+    loader: PromptLoader
+    validator: Callable[[], tuple[dict[str, float], list[dict]]]
+    lag: int
+    last_step: int
+    sent: Outbox = field(default_factory=Outbox)
+
+    def generate_until(self, version: int, step: int, idle_s: float) -> int:
+        """Generate every batch from ``step`` on that ``version`` may (rule 1); the next."""
+        while step <= self.last_step and step - 1 - self.lag <= version:
+            collected = self.source.collect(self.loader.next_batch(), step)
+            batch = Batch(step, collected, self.loader.state_dict(), idle_s)
+            self.sent.add(send_object(self.link.group, 0, batch))
+            step, idle_s = step + 1, 0.0
+        return step
+
+
+def serve(s: Serving, start: tuple) -> None:
+    """The generating rank's loop from the ``start`` order it received, until ``stop``."""
+    group = s.link.group
+    _, version, loader = start
+    if loader is not None:
+        s.loader.load_state_dict(loader)
+    if version:
+        version = receive_weights(group, 0, s.engine)
+    step, idle = version + 1, 0.0
+    while True:
+        step = s.generate_until(version, step, idle)
+        start = time.perf_counter()
+        order = recv_object(group, 0)
+        idle = time.perf_counter() - start
+        if order[0] == "stop":
+            break
+        if order[0] == "weights":
+            version = receive_weights(group, 0, s.engine)
+        elif order[0] == "validate":
+            s.sent.add(send_object(group, 0, s.validator(), VALIDATION_TAG))
+    s.sent.flush()

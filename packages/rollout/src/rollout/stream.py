@@ -1,0 +1,141 @@
+"""Weights and objects between ranks that do not share a process group's role: the training
+ranks and a generating rank (``async_training.rollout_ranks``), over a gloo process group
+that joins them (``torch.distributed.ProcessGroupGloo`` on the rendezvous store).
+
+Messages are point-to-point ``send``/``recv`` with a tag per kind: a send returns at once
+(gloo's background thread moves the bytes once the peer posts its receive), a receive
+blocks. So a side never waits for its peer to *take* what it gives, only for what it needs,
+and two sides that each send before they receive cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+WEIGHTS_TAG = 11  # a version's header and tensors
+OBJECT_TAG = 12  # send_object / recv_object (the default)
+
+
+def _send_bytes(group: Any, dst: int, payload: bytes, tag: int) -> list[Any]:
+    """Two sends (length, bytes); returns their works, whose buffers they keep alive."""
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    return [group.send([size], dst, tag), group.send([data], dst, tag), size, data]
+
+
+def _recv_bytes(group: Any, src: int, tag: int) -> bytes:
+    size = torch.empty(1, dtype=torch.int64)
+    group.recv([size], src, tag).wait()
+    data = torch.empty(int(size), dtype=torch.uint8)
+    group.recv([data], src, tag).wait()
+    return data.numpy().tobytes()
+
+
+def send_object(group: Any, dst: int, obj: Any, tag: int = OBJECT_TAG) -> list[Any]:
+    """Send a picklable ``obj`` (tensors included) to rank ``dst`` of ``group``; returns at
+    once. Keep the returned list until :func:`wait_all` (it holds the buffers in flight)."""
+    return _send_bytes(group, dst, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), tag)
+
+
+def recv_object(group: Any, src: int, tag: int = OBJECT_TAG) -> Any:
+    """The next object rank ``src`` of ``group`` sent with ``tag`` (blocks; a timeout of
+    ``group``'s raises ``RuntimeError``)."""
+    return pickle.loads(_recv_bytes(group, src, tag))
+
+
+def wait_all(pending: list[Any]) -> None:
+    """Wait for the sends among ``pending`` (the rest are their buffers)."""
+    for item in pending:
+        if hasattr(item, "wait"):
+            item.wait()
+
+
+class Outbox:
+    """Sends in flight and their buffers, kept alive until the peer took them."""
+
+    def __init__(self) -> None:
+        self.pending: list[list[Any]] = []
+
+    def add(self, pending: list[Any]) -> None:
+        """Keep ``pending`` (what :func:`send_object` returned); drop what completed, never
+        waiting."""
+        done = lambda p: all(x.is_completed() for x in p if hasattr(x, "is_completed"))  # noqa: E731
+        self.pending = [p for p in self.pending if not done(p)] + [pending]
+
+    def flush(self) -> None:
+        """Wait until the peer took everything."""
+        for pending in self.pending:
+            wait_all(pending)
+        self.pending = []
+
+
+class StreamedEngine:
+    """The training side's stand-in for an engine on another rank: what
+    :class:`rollout.WeightSync` feeds on the rank that owns the link (the others pass
+    ``engine=None``). ``update_weights`` sends the version's header (names, shapes, dtypes)
+    and then each tensor, as it streams, to rank ``dst`` of ``group``; :func:`receive_weights`
+    there loads them into the real engine.
+
+    Ordering rules:
+        1. Sends return at once and never wait for the receiver; each version's tensors
+           (a copy in the engine's dtype) are held until it took them, so a receiver that
+           takes versions later holds that many copies here. :meth:`close` waits for all.
+        2. The receiver takes versions in the order they were sent, and each whole.
+        3. Nothing here generates: ``generate`` raises; ``sleep``/``wake_up`` are no-ops (the
+           engine's memory is on the other rank).
+    """
+
+    def __init__(self, group: Any, dst: int, version: int = 0) -> None:
+        self.group = group
+        self.dst = dst
+        self.policy_version = version
+        self._outbox = Outbox()
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int
+    ) -> None:
+        tensors = [(name, t.detach().contiguous()) for name, t in named_tensors]
+        header = [(name, tuple(t.shape), t.dtype) for name, t in tensors]
+        pending = send_object(self.group, self.dst, (version, header), WEIGHTS_TAG)
+        for _, tensor in tensors:
+            raw = tensor.reshape(-1).view(torch.uint8)
+            pending += [self.group.send([raw], self.dst, WEIGHTS_TAG), raw]
+        self._outbox.add(pending)
+        self.policy_version = version
+
+    def generate(self, *args, **kwargs):
+        raise RuntimeError("StreamedEngine: this rank generates nothing (a generating rank does)")
+
+    def sleep(self) -> None:
+        """No-op: the engine's memory is on the generating rank."""
+
+    def wake_up(self) -> None:
+        """No-op, as :meth:`sleep`."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """Wait until the receiver took every version; one that is gone takes nothing."""
+        with contextlib.suppress(RuntimeError):
+            self._outbox.flush()
+
+
+def _tensors(group: Any, src: int, header: list) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, shape, dtype in header:
+        tensor = torch.empty(shape, dtype=dtype)
+        group.recv([tensor.reshape(-1).view(torch.uint8)], src, WEIGHTS_TAG).wait()
+        yield name, tensor
+
+
+def receive_weights(group: Any, src: int, engine: Any) -> int:
+    """Load the next version :class:`StreamedEngine` on rank ``src`` of ``group`` sent into
+    ``engine`` (one tensor at a time, as it arrives); returns the version."""
+    version, header = pickle.loads(_recv_bytes(group, src, WEIGHTS_TAG))
+    engine.update_weights(_tensors(group, src, header), version=version)
+    return version
