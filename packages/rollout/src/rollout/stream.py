@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -56,21 +57,27 @@ def wait_all(pending: list[Any]) -> None:
 
 
 class Outbox:
-    """Sends in flight and their buffers, kept alive until the peer took them."""
+    """Sends in flight and their buffers: at most ``keep`` of them (each what
+    :func:`send_object` returned, or a version's sends). Adding one more waits for the
+    oldest, which returns at once where the peer took it already: a protocol that knows how
+    far behind its peer can be sets ``keep`` to that, so memory stays bounded and nothing
+    waits. (gloo marks a send complete only inside ``wait``, so completion cannot be polled.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 1) -> None:
+        self.keep = max(keep, 1)
         self.pending: list[list[Any]] = []
 
     def add(self, pending: list[Any]) -> None:
-        """Keep ``pending`` (what :func:`send_object` returned); drop what completed, never
-        waiting."""
-        done = lambda p: all(x.is_completed() for x in p if hasattr(x, "is_completed"))  # noqa: E731
-        self.pending = [p for p in self.pending if not done(p)] + [pending]
+        self.pending.append(pending)
+        while len(self.pending) > self.keep:
+            wait_all(self.pending.pop(0))
 
-    def flush(self) -> None:
-        """Wait until the peer took everything."""
+    def flush(self, timeout: timedelta | None = None) -> None:
+        """Wait until the peer took everything (each send at most ``timeout``)."""
         for pending in self.pending:
-            wait_all(pending)
+            for item in pending:
+                if hasattr(item, "wait"):
+                    item.wait(timeout) if timeout is not None else item.wait()
         self.pending = []
 
 
@@ -82,24 +89,26 @@ class StreamedEngine:
     there loads them into the real engine.
 
     Ordering rules:
-        1. Sends return at once and never wait for the receiver; each version's tensors
-           (a copy in the engine's dtype) are held until it took them, so a receiver that
-           takes versions later holds that many copies here. :meth:`close` waits for all.
+        1. Sends return at once; each version's tensors are copied to host memory (in the
+           engine's dtype) and held until the receiver took them: at most ``keep`` versions,
+           a further one waits for the oldest (none waits where the receiver is at most
+           ``keep`` versions behind). :meth:`close` waits for all.
         2. The receiver takes versions in the order they were sent, and each whole.
         3. Nothing here generates: ``generate`` raises; ``sleep``/``wake_up`` are no-ops (the
            engine's memory is on the other rank).
     """
 
-    def __init__(self, group: Any, dst: int, version: int = 0) -> None:
+    def __init__(self, group: Any, dst: int, version: int = 0, keep: int = 1) -> None:
         self.group = group
         self.dst = dst
         self.policy_version = version
-        self._outbox = Outbox()
+        self._outbox = Outbox(keep)
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int
     ) -> None:
-        tensors = [(name, t.detach().contiguous()) for name, t in named_tensors]
+        # a host copy: gloo reads host memory, and the trainer's next step must not change it
+        tensors = [(name, t.detach().to("cpu", copy=True)) for name, t in named_tensors]
         header = [(name, tuple(t.shape), t.dtype) for name, t in tensors]
         pending = send_object(self.group, self.dst, (version, header), WEIGHTS_TAG)
         for _, tensor in tensors:
@@ -123,7 +132,7 @@ class StreamedEngine:
     def close(self) -> None:
         """Wait until the receiver took every version; one that is gone takes nothing."""
         with contextlib.suppress(RuntimeError):
-            self._outbox.flush()
+            self._outbox.flush(timedelta(seconds=60))
 
 
 def _tensors(group: Any, src: int, header: list) -> Iterator[tuple[str, torch.Tensor]]:

@@ -31,13 +31,17 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
+from datetime import timedelta
 from typing import Any
 
+import torch
+
+from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.rollouts import Collected, RolloutSource
 from klppo_train.ppo.rollouts_ahead import staleness
-from klppo_train.runtime.process_group import RolloutLink
+from klppo_train.runtime.process_group import LostRank, RolloutLink
 from rollout import Outbox, WeightPublisher, receive_weights, recv_object, send_object
 
 VALIDATION_TAG = 13  # validation's results: a channel of their own (batches may come first)
@@ -63,14 +67,32 @@ class RemoteRollouts:
     link: RolloutLink
     publisher: WeightPublisher
     loader: PromptLoader
+    lag: int = 0
     started: bool = False
-    outbox: Outbox = field(default_factory=Outbox)
+    outbox: Outbox | None = None
+
+    def __post_init__(self) -> None:
+        # an order is taken at the latest s + 1 steps after it was sent (≤ 2 orders a step)
+        self.outbox = Outbox(2 * self.lag + 4)
 
     def _order(self, order: tuple) -> None:
-        if not self.started and order[0] != "start":
+        if not self.started and order[0] not in ("start", "stop"):
             self._order(("start", 0, None))
         self.started = True
-        self.outbox.add(send_object(self.link.group, self.link.generator, order))
+        with self._named():
+            self.outbox.add(send_object(self.link.group, self.link.generator, order))
+
+    @contextlib.contextmanager
+    def _named(self):
+        """A failed link call as a :class:`LostRank` naming the generating rank (one line)."""
+        try:
+            yield
+        except RuntimeError as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise LostRank(
+                f"rank 0: the generating rank (rank {self.link.generator}) did not answer "
+                f"over the link: {first}"
+            ) from None
 
     def collect(self, items, step: int) -> Collected:
         """The batch of ``step`` (``items``, the training rank's own loader batch, is not
@@ -78,12 +100,13 @@ class RemoteRollouts:
         if not self.started:
             self._order(("start", 0, None))
         start = time.perf_counter()
-        got: Batch = recv_object(self.link.group, self.link.generator)
+        with self._named():
+            got: Batch = recv_object(self.link.group, self.link.generator)
         waited = time.perf_counter() - start
         if got.step != step:
             raise RuntimeError(f"rollout ranks: step {step} received the batch of {got.step}")
         self.loader.load_state_dict(got.loader)
-        c = got.collected
+        c = _moved(got.collected, default_device())
         metrics = {
             **c.metrics,
             **staleness(c.trajectories, step),
@@ -94,11 +117,13 @@ class RemoteRollouts:
 
     def publish(self, version: int) -> dict[str, float]:
         self._order(("weights", version))
-        return self.publisher.sync(version=version)
+        with self._named():
+            return self.publisher.sync(version=version)
 
     def resume(self, version: int) -> None:
         self._order(("start", version, self.loader.state_dict()))
-        self.publisher.sync(version=version)
+        with self._named():
+            self.publisher.sync(version=version)
 
     def generate(self, items, step: int, span: range):
         raise RuntimeError("rollout ranks: nothing generates on a training rank")
@@ -106,12 +131,15 @@ class RemoteRollouts:
     def validate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         """The generating rank's validation with the weights of ``step``."""
         self._order(("validate", step))
-        return recv_object(self.link.group, self.link.generator, VALIDATION_TAG)
+        with self._named():
+            return recv_object(self.link.group, self.link.generator, VALIDATION_TAG)
 
     def close(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the generating rank may be gone (a signal)
+        """``stop``, taken at once by a generating rank that waits for orders; one that is
+        gone or stuck (the run failed mid-step) is left after a minute."""
+        with contextlib.suppress(RuntimeError):
             self._order(("stop",))
-            self.outbox.flush()
+            self.outbox.flush(timedelta(seconds=60))
 
 
 @dataclass
@@ -126,21 +154,37 @@ class Serving:
     validator: Callable[[], tuple[dict[str, float], list[dict]]]
     lag: int
     last_step: int
-    sent: Outbox = field(default_factory=Outbox)
+    sent: Outbox | None = None
+
+    def __post_init__(self) -> None:
+        # a batch is taken at the latest when the order after its step arrives
+        self.sent = Outbox(self.lag + 3)
 
     def generate_until(self, version: int, step: int, idle_s: float) -> int:
         """Generate every batch from ``step`` on that ``version`` may (rule 1); the next."""
         while step <= self.last_step and step - 1 - self.lag <= version:
-            collected = self.source.collect(self.loader.next_batch(), step)
+            collected = _moved(self.source.collect(self.loader.next_batch(), step), "cpu")
             batch = Batch(step, collected, self.loader.state_dict(), idle_s)
             self.sent.add(send_object(self.link.group, 0, batch))
             step, idle_s = step + 1, 0.0
         return step
 
 
-def serve(s: Serving, start: tuple) -> None:
-    """The generating rank's loop from the ``start`` order it received, until ``stop``."""
+def _moved(c: Collected, device) -> Collected:
+    """``c`` with its tensors on ``device`` (gloo carries host memory; each side its device)."""
+    t = c.trajectories
+    moved = {f.name: getattr(t, f.name) for f in fields(t)}
+    moved = {k: v.to(device) if torch.is_tensor(v) else v for k, v in moved.items()}
+    on = lambda v: v.to(device) if v is not None else None  # noqa: E731
+    return replace(c, trajectories=replace(t, **moved), rule=on(c.rule), baselines=on(c.baselines))
+
+
+def serve(s: Serving, start: tuple) -> int:
+    """The generating rank's loop from the ``start`` order it received, until ``stop``; the
+    last version it received."""
     group = s.link.group
+    if start[0] == "stop":  # the training rank failed before its first step
+        return 0
     _, version, loader = start
     if loader is not None:
         s.loader.load_state_dict(loader)
@@ -158,4 +202,6 @@ def serve(s: Serving, start: tuple) -> None:
             version = receive_weights(group, 0, s.engine)
         elif order[0] == "validate":
             s.sent.add(send_object(group, 0, s.validator(), VALIDATION_TAG))
-    s.sent.flush()
+    # Not flushed: the training rank took what it needed before ``stop`` (a batch past a
+    # preempted run's last step is never taken, and the process ends with it).
+    return version

@@ -205,7 +205,8 @@ def build_components(
     ensemble = [_reward_model(cfg, compute, path) for path in cfg.reward_model.ensemble.paths]
     link = rollout_link()  # a generating rank of its own: the weights stream to it
     engine = (
-        StreamedEngine(link.group, link.generator)
+        # a version is taken at the latest s + 1 updates after it was sent
+        StreamedEngine(link.group, link.generator, keep=cfg.async_training.lag + 1)
         if link
         else build_engine(cfg, model_dir, tokenizer, compute)
     )

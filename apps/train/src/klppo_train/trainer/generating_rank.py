@@ -18,6 +18,7 @@ from fsdp_sharding import default_device
 from klppo_train.checks.preflight import Checked
 from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import PromptLoader
+from klppo_train.loop.preemption import Preempted, Preemption
 from klppo_train.loop.run_dir import ensure_model_dir, total_steps
 from klppo_train.ppo.rollout_ranks import Serving, serve
 from klppo_train.ppo.rollouts import ColocatedRollouts
@@ -63,10 +64,20 @@ class _Received:
         raise RuntimeError("a generating rank receives weights, it does not publish them")
 
 
+def _last_step(trainer, batches_per_epoch: int) -> int:
+    """The run's last step (``trainer.stop_at_step`` where it stops earlier)."""
+    steps = total_steps(trainer, batches_per_epoch)
+    return min(steps, trainer.stop_at_step or steps)
+
+
 def generate(cfg: AppConfig, checked: Checked) -> dict:
     """Serve the training rank until it stops; an empty summary (rank 0 writes the run's)."""
     link = rollout_link()
-    start = recv_object(link.group, 0)  # after the training rank prepared the run directory
+    # the first order: after the training rank built its models, probed and resumed
+    start = recv_object(link.group, 0)
+    if start[0] == "stop":  # it failed before its first step
+        dist.destroy_process_group()
+        return {}
     model_dir = ensure_model_dir(cfg, Path(cfg.trainer.run_dir).expanduser())
     engine = build_engine(
         cfg, model_dir, checked.tokenizer, resolve_precision(cfg.model.dtype, default_device())
@@ -86,14 +97,20 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
         items, size = checked.val.items, d.val_batch_size
         generations = cfg.trainer.log_val_generations
         log.info("generating rank: %d step(s) ahead of the training rank", cfg.async_training.lag)
-        serve(
-            Serving(
-                link, builder.sampled(side, loader.next_batch), engine, loader,
-                lambda: validate(evaluation, items, size, generations), cfg.async_training.lag,
-                total_steps(cfg.trainer, len(loader)),
-            ),
-            start,
-        )  # fmt: skip
+        # A signal (torchrun forwards SIGTERM to every rank) is only recorded: the training
+        # rank checkpoints at the step's end and needs this rank's batch until then.
+        with Preemption() as preemption:
+            source = builder.sampled(side, loader.next_batch)
+            last = serve(
+                Serving(
+                    link, source, engine, loader,
+                    lambda: validate(evaluation, items, size, generations),
+                    cfg.async_training.lag, _last_step(cfg.trainer, len(loader)),
+                ),
+                start,
+            )  # fmt: skip
+            if preemption.agreed():
+                raise Preempted(last, preemption.signal_name)
     finally:
         sampler.close()
         engine.close()
