@@ -77,7 +77,7 @@ class Outbox:
         for pending in self.pending:
             for item in pending:
                 if hasattr(item, "wait"):
-                    item.wait(timeout) if timeout is not None else item.wait()
+                    item.wait(timeout or timedelta(0))  # 0: the group's own timeout
         self.pending = []
 
 

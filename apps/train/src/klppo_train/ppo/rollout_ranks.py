@@ -183,9 +183,7 @@ def serve(s: Serving, start: tuple) -> int:
     """The generating rank's loop from the ``start`` order it received, until ``stop``; the
     last version it received."""
     group = s.link.group
-    if start[0] == "stop":  # the training rank failed before its first step
-        return 0
-    _, version, loader = start
+    _, version, loader = start  # a first ``stop`` never gets here (generating_rank.generate)
     if loader is not None:
         s.loader.load_state_dict(loader)
     if version:
