@@ -5,8 +5,10 @@ that torchrun's ``--max-restarts`` recovers, and ends where the uninterrupted ru
 
 import json
 import os
+import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from fault_runs import (  # noqa: E402
 
 from klppo_train.budgets.faults import ENV  # noqa: E402
 
+AHEAD = ("async_training.enable=true", "async_training.rollout_ranks=1")  # rank 1 generates
 # Rank 1 alone out of memory in every pass of step 1 (the update's second micro-batch).
 OOM = "1:old_log_prob:0@1,1:ref:0@1,1:values:0@1,1:update_critic:1@1,1:update_actor:1@1"
 
@@ -61,3 +64,53 @@ def test_one_run_survives_oom_on_one_rank_preemption_and_a_lost_rank(tmp_path: P
     assert [r["step"] for r in got] == list(range(STEPS + 1))  # each step once
     assert difference(got, records(reference)) <= 1e-6
     assert not leftovers(faulted)
+
+
+def _logged_at(log: Path, text: str, since: int, timeout: float = 60.0) -> float | None:
+    """When ``text`` first appeared in ``log`` past its first ``since`` characters."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text()[since:]:
+            return time.monotonic()
+        time.sleep(0.01)
+    return None
+
+
+@pytest.mark.slow  # two torchrun launches (one restarted): ~1 min
+def test_a_generating_rank_of_its_own_survives_preemption_and_a_kill(tmp_path: Path) -> None:
+    """``async_training.rollout_ranks=1`` (s = 1) at world size 2: a SIGTERM stops both ranks
+    with a checkpoint; the relaunch regenerates the batch that was in flight (its step is
+    on-policy) and keeps the bound; a ``kill -9`` of the generating rank is named by the
+    training rank at once, which still checkpoints the step it was in (torchrun's SIGTERM),
+    and torchrun's restart goes on from there: each step once."""
+    run, log = tmp_path / "split", tmp_path / "split.log"
+    first = launch(run, *AHEAD)
+    wait_for_step(run, 1, first)
+    first.send_signal(signal.SIGTERM)
+    assert finish(first) != 0
+    assert log.read_text().count("exit 143 (resume_mode=auto continues)") == 2, log.read_text()
+    stopped = records(run)[-1]["step"]
+    assert 1 <= stopped < STEPS - 1 and (run / f"checkpoints/global_step_{stopped}").is_dir()
+
+    since = len(log.read_text())
+    second = launch(run, *AHEAD, restarts=1)
+    wait_for_step(run, stopped + 1, second)
+    pid = rank_pid(run, 1)
+    assert pid is not None
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    named = _logged_at(log, "the generating rank (rank 1) is gone: ", since)
+    assert named is not None and named - killed < 1.0, log.read_text()[since:]
+    assert finish(second) == 0
+    text = log.read_text()[since:]
+    assert "local_rank: 1" in text and "exitcode: -9" in text, text  # torchrun names it too
+    resumed = [stopped] + [int(n) for n in re.findall(r"resumed from \S+global_step_(\d+)", text)]
+    got = records(run)
+    assert [r["step"] for r in got] == list(range(STEPS + 1))  # each step once
+    assert len(resumed) == 3 and resumed[1] == stopped, text  # the relaunch and the restart
+    ages = {r["step"]: r["async/staleness_max"] for r in got[1:]}
+    assert max(ages.values()) <= 1.0  # the bound holds across both resumes
+    for step in resumed[1:]:
+        if step < STEPS:
+            assert ages[step + 1] == 0.0  # the batch in flight, regenerated with its weights
+    assert not leftovers(run)

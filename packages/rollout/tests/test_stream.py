@@ -2,6 +2,7 @@
 torchrun with two real gloo processes (``stream_worker.py``)."""
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,38 @@ def test_weights_and_objects_cross_ranks_exactly_and_a_missing_version_times_out
     assert trainer["bytes"] == trainer["first"]["rollout/weight_sync_bytes"] > 0
     timeout = generator["timeout"]
     assert 5.5 < timeout["waited_s"] < 20, timeout  # the group's 6 s
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # two processes, twice
+@pytest.mark.parametrize("mode", ["release", "die"])
+def test_a_watched_peer_that_dies_is_named_at_once_and_one_that_ends_is_not(
+    tmp_path: Path, mode: str
+) -> None:
+    port = _free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "watch_worker.py"), str(r), str(port), mode, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=HERE,
+        )  # fmt: skip
+        for r in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in ranks]
+    assert ranks[0].returncode == 0, outputs[0][-3000:]
+    watcher, peer = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert watcher["objects"] == [0, 1, 2] and watcher["ended"]
+    if mode == "release":
+        assert watcher["lost"] is None and "lost_at" not in watcher
+    else:
+        assert ranks[1].returncode == 9
+        assert "Connection closed by peer" in watcher["lost"]
+        # gloo sees the closed socket at once: far below the group's 5 s timeout
+        assert 0 <= watcher["lost_at"] - peer["died_at"] < 1.0

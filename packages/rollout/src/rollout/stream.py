@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 
 WEIGHTS_TAG = 11  # a version's header and tensors
 OBJECT_TAG = 12  # send_object / recv_object (the default)
+WATCH_TAG = 14  # PeerWatch's one message: the peer ended on purpose
 
 
 def _send_bytes(group: Any, dst: int, payload: bytes, tag: int) -> list[Any]:
@@ -148,3 +150,41 @@ def receive_weights(group: Any, src: int, engine: Any) -> int:
     version, header = pickle.loads(_recv_bytes(group, src, WEIGHTS_TAG))
     engine.update_weights(_tensors(group, src, header), version=version)
     return version
+
+
+class PeerWatch:
+    """Names a peer that is gone at once, not at the next message this side waits for: a
+    thread waits on a receive from ``peer`` that only :func:`release_watch` answers (a peer
+    that ends on purpose). A peer that dies closes its connection, which fails that receive
+    within milliseconds; ``on_lost`` gets the first line of gloo's error then, in that
+    thread (so it should only record or log). A peer that hangs keeps its connection open:
+    the receives of the protocol itself time out for it (the group's timeout)."""
+
+    def __init__(self, group: Any, peer: int, on_lost: Callable[[str], None]) -> None:
+        self.lost: str | None = None
+        self._on_lost = on_lost
+        self._flag = torch.zeros(1, dtype=torch.uint8)
+        self._work = group.recv([self._flag], peer, WATCH_TAG)
+        self._thread = threading.Thread(target=self._wait, name="klppo-peer-watch", daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        try:  # far past the group's timeout: only an answer or a closed connection ends it
+            self._work.wait(timedelta(days=365))
+        except RuntimeError as err:
+            self.lost = str(err).splitlines()[0] if str(err) else type(err).__name__
+            self._on_lost(self.lost)
+
+    def close(self, timeout: float = 60.0) -> bool:
+        """Wait up to ``timeout`` s for the peer's release (or its loss); whether it ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+def release_watch(group: Any, peer: int, timeout: timedelta | None = None) -> None:
+    """Answer ``peer``'s :class:`PeerWatch` (this side ends on purpose) and wait until it
+    took the answer, so that closing this process does not look like a death; a peer that
+    is gone already is not waited for."""
+    flag = torch.ones(1, dtype=torch.uint8)
+    with contextlib.suppress(RuntimeError):
+        group.send([flag], peer, WATCH_TAG).wait(timeout or timedelta(0))

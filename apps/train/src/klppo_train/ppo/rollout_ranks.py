@@ -24,11 +24,17 @@ overlapped):
        the checkpoint's weights: the batches that were in flight are regenerated (younger
        than the bound allows), not saved.
     4. Nothing is generated for a step after ``last_step``.
+    5. Each side names the other when the link fails (:class:`klppo_train.runtime.
+       process_group.LostRank`, one line). The training rank also watches the generating
+       rank (:class:`rollout.PeerWatch`): one that dies is named at once, while the step in
+       progress goes on (torchrun's SIGTERM then checkpoints it); ``stop`` is answered by
+       :func:`rollout.release_watch`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -42,8 +48,17 @@ from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.rollouts import Collected, RolloutSource
 from klppo_train.ppo.rollouts_ahead import staleness
 from klppo_train.runtime.process_group import LostRank, RolloutLink
-from rollout import Outbox, WeightPublisher, receive_weights, recv_object, send_object
+from rollout import (
+    Outbox,
+    PeerWatch,
+    WeightPublisher,
+    receive_weights,
+    recv_object,
+    release_watch,
+    send_object,
+)
 
+log = logging.getLogger("klppo_train")
 VALIDATION_TAG = 13  # validation's results: a channel of their own (batches may come first)
 
 
@@ -70,10 +85,17 @@ class RemoteRollouts:
     lag: int = 0
     started: bool = False
     outbox: Outbox | None = None
+    watch: PeerWatch | None = None
 
     def __post_init__(self) -> None:
         # an order is taken at the latest s + 1 steps after it was sent (≤ 2 orders a step)
         self.outbox = Outbox(2 * self.lag + 4)
+        who = f"rank 0: the generating rank (rank {self.link.generator})"
+        self.watch = PeerWatch(
+            self.link.group,
+            self.link.generator,
+            lambda line: log.error("%s is gone: %s", who, line),
+        )
 
     def _order(self, order: tuple) -> None:
         if not self.started and order[0] not in ("start", "stop"):
@@ -82,17 +104,8 @@ class RemoteRollouts:
         with self._named():
             self.outbox.add(send_object(self.link.group, self.link.generator, order))
 
-    @contextlib.contextmanager
     def _named(self):
-        """A failed link call as a :class:`LostRank` naming the generating rank (one line)."""
-        try:
-            yield
-        except RuntimeError as err:
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise LostRank(
-                f"rank 0: the generating rank (rank {self.link.generator}) did not answer "
-                f"over the link: {first}"
-            ) from None
+        return named_link(f"rank 0: the generating rank (rank {self.link.generator})")
 
     def collect(self, items, step: int) -> Collected:
         """The batch of ``step`` (``items``, the training rank's own loader batch, is not
@@ -140,6 +153,17 @@ class RemoteRollouts:
         with contextlib.suppress(RuntimeError):
             self._order(("stop",))
             self.outbox.flush(timedelta(seconds=60))
+        self.watch.close(timeout=60)
+
+
+@contextlib.contextmanager
+def named_link(who: str):
+    """A failed link call as a :class:`LostRank`: ``who`` did not answer (one line)."""
+    try:
+        yield
+    except RuntimeError as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise LostRank(f"{who} did not answer over the link: {first}") from None
 
 
 @dataclass
@@ -181,7 +205,14 @@ def _moved(c: Collected, device) -> Collected:
 
 def serve(s: Serving, start: tuple) -> int:
     """The generating rank's loop from the ``start`` order it received, until ``stop``; the
-    last version it received."""
+    last version it received. A training rank that is gone is named (:func:`named_link`)."""
+    with named_link(f"rank {s.link.group.rank()}: the training rank (rank 0)"):
+        version = _serve(s, start)
+    release_watch(s.link.group, 0)
+    return version
+
+
+def _serve(s: Serving, start: tuple) -> int:
     group = s.link.group
     _, version, loader = start  # a first ``stop`` never gets here (generating_rank.generate)
     if loader is not None:
