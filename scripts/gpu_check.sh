@@ -16,8 +16,10 @@
 # steps on the CPU, printing per-phase times and tokens/s; then 3 steps of the SmolLM2
 # recipe on the GPU (it converts its model on first use; SMOL_MODEL=<dir> reuses one),
 # printing per-phase times, tokens/s, peak allocated memory and the actor-update MFU; then
-# benchmarks/budget_bench.py (auto token budgets beside a hand-set sweep, on the GPU); with 2
-# GPUs, benchmarks/ulysses_bench.py (a long-sequence update at sp = 1 and 2, NCCL).
+# benchmarks/async_bench.py (a generating rank of its own against the synchronous run: step
+# time, trainer and generator idle, weight sync; both ranks share GPU 0 on a 1-GPU machine,
+# dp2 needs 2); benchmarks/budget_bench.py (auto token budgets beside a hand-set sweep, on
+# the GPU); with 2 GPUs, benchmarks/ulysses_bench.py (a long-sequence update at sp = 1 and 2).
 set -uo pipefail
 
 
@@ -28,7 +30,7 @@ BENCH_OUT=${BENCH_OUT:-benchmarks/results/fsdp_bench_cuda.json}
 ENGINE=$($PYTHON -c 'import importlib.util as u; print("vllm" if u.find_spec("vllm") else "hf")')
 # Every check runs, each under its own time limit (seconds), in this order: the ones that
 # exercise the most never-run code first, so a short lease still sees them.
-CHECKS=${CHECKS:-"gpu:60 ppo:150 smollm2:150 offload:90 fsdp_bench:120 budgets:180 fsdp_tests:300 ulysses:300"}
+CHECKS=${CHECKS:-"gpu:60 ppo:150 smollm2:150 async:180 offload:90 fsdp_bench:120 budgets:180 fsdp_tests:300 ulysses:300"}
 export PYTHON PEAK_TFLOPS BENCH_OUT ENGINE
 check_gpu() {  # GPU
   echo "+ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv"
@@ -138,6 +140,15 @@ for r in records[1:]:
         f"actor-update MFU {mfu:.2f} %; score {r['critic/score/mean']:.3f}"
     )
 EOF
+}
+
+check_async() {  # async_training.rollout_ranks=1 against the synchronous run (embedded default, 12 steps)
+  NGPU=$($PYTHON -c 'import torch; print(torch.cuda.device_count())')
+  VARIANTS=sync,split0,split1
+  [ "$NGPU" -ge 2 ] && VARIANTS=sync,dp2,split0,split1
+  echo "+ $PYTHON benchmarks/async_bench.py --variants $VARIANTS rollout.engine=$ENGINE ..."
+  $PYTHON benchmarks/async_bench.py --variants "$VARIANTS" --out benchmarks/results/async_bench_cuda.json \
+    "rollout.engine=$ENGINE" rollout.gpu_memory_utilization=0.2
 }
 
 check_budgets() {  # Token budgets on 1 GPU: auto (probe: fit of max_memory_allocated) vs a hand-set sweep

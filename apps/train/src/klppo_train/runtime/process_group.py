@@ -61,7 +61,9 @@ def init_distributed(timeout_s: float = 1800.0, rollout_ranks: int = 0) -> tuple
         if "RANK" in os.environ:  # torchrun
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+                local = int(os.environ.get("LOCAL_RANK", 0))
+                # the sides of a split run each have a group of their own: they may share a GPU
+                torch.cuda.set_device(local % torch.cuda.device_count() if rollout_ranks else local)
             timeout = timedelta(seconds=timeout_s)
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
             store = _attempt_store(store)
