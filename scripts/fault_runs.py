@@ -104,6 +104,31 @@ def launch(
     )
 
 
+def launch_nodes(run: Path, *extra: str, restarts: int = 0, port: int) -> list[subprocess.Popen]:
+    """The run as 2 nodes × 1 process on loopback: two torchrun agents (``--nnodes 2
+    --node-rank 0|1``, c10d rendezvous on 127.0.0.1:``port``), each its own log
+    (``run.node<i>.log``). ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as docs/distributed.md
+    says for several nodes: torchrun's restart count is per node (the failed node's agent
+    counts a restart, the other's does not), so rank 0 hosts a fresh store per attempt."""
+    run.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    nodes = []
+    for node in (0, 1):
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+            f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={run.name}", f"--max-restarts={restarts}",
+            "-m", "klppo_train", *run_args(run), *extra,
+        ]  # fmt: skip
+        log = (run.parent / f"{run.name}.node{node}.log").open("a")
+        nodes.append(
+            subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        )
+    return nodes
+
+
 def finish(process: subprocess.Popen, timeout: float = 600) -> int:
     return process.wait(timeout=timeout)
 

@@ -279,3 +279,20 @@ def test_default_recipe_learns(tmp_path: Path) -> None:
     assert 0.15 <= baseline <= 0.5, summary  # the warm-up left real headroom
     assert summary["final_val/arithmetic/acc"] - baseline >= 0.20, summary
     assert summary["max_kl"] < 2.0, summary  # the adaptive controller kept KL bounded
+
+
+def test_a_save_broken_by_a_lost_rank_is_not_called_a_full_disk(tmp_path: Path) -> None:
+    from klppo_train.loop.checkpoints import _unwritten
+    from klppo_train.runtime.process_group import LostRank
+
+    final = tmp_path / "checkpoints" / "global_step_2"
+    final.with_name("global_step_2.partial").mkdir(parents=True)
+    gloo = (
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:41196: Connection reset by peer. This is typically caused by a remote worker"
+    )  # what the surviving rank of a 2-node run got when rank 1 was killed in a save
+    lost = _unwritten(tmp_path, final, final.with_name("global_step_2.partial"), RuntimeError(gloo))
+    assert isinstance(lost, LostRank) and "another rank was lost" in str(lost)
+    assert "disk" not in str(lost) and not final.with_name("global_step_2.partial").exists()
+    full = _unwritten(tmp_path, final, final, OSError(28, "No space left on device"))
+    assert "is the disk full?" in str(full)

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fsdp_sharding import has_manifest, verify_manifest, write_manifest
 from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.config.errors import UserError
-from klppo_train.runtime.process_group import barrier, from_main, is_main, world_size
+from klppo_train.runtime.process_group import LostRank, barrier, from_main, is_main, world_size
 
 log = logging.getLogger("klppo_train")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -130,15 +130,29 @@ def save_checkpoint_dir(
     return final
 
 
-def _unwritten(run_dir: Path, final: Path, tmp: Path, err: BaseException) -> UserError:
+# what a collective raises when its peer's process is gone (gloo's transport, NCCL)
+_LOST_PEER = re.compile(
+    r"gloo/transport|Connection (reset|closed) by peer|NCCL (error|communicator)"
+)
+
+
+def _unwritten(run_dir: Path, final: Path, tmp: Path, err: BaseException) -> Exception:
     """A save that failed (torch reports a full disk as a failed write inside its zip
     writer, DCP wraps it): the partial directory removed, the previous checkpoints as they
-    were; the error names the path."""
+    were; the error names the path. A save that failed because another rank died in it is
+    a :class:`LostRank`, not a full disk."""
     if is_main():
         shutil.rmtree(tmp, ignore_errors=True)
     found = complete_checkpoints(run_dir)
     kept = f"the previous checkpoint ({found[-1][1]}) is intact" if found else "none was kept"
-    cause = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    text = str(err).strip()
+    if _LOST_PEER.search(text):
+        peer = _LOST_PEER.search(text).group(0)
+        return LostRank(
+            f"checkpoint {final} was not finished: another rank was lost while it was saved "
+            f"({peer}); {kept}: resume_mode=auto continues from it"
+        )
+    cause = text.splitlines()[-1] if text else type(err).__name__
     return UserError(
         f"checkpoint {final} could not be written ({cause}); is the disk full? {kept}: "
         "free space and run again to resume"
