@@ -238,7 +238,7 @@ def _equal(a: dict, b: dict, tol: float = 1e-6) -> None:
         assert abs(a[key] - b[key]) <= tol * max(1.0, abs(a[key])), (a["step"], key)
 
 
-@pytest.mark.slow  # three PPO steps at world size 1 (twice) and 2 (three times)
+@pytest.mark.slow  # three PPO steps at world size 1 (twice), 2 (three times) and 3 (twice)
 def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path) -> None:
     """``async_training.rollout_ranks=1`` at world size 2 (one training, one generating
     rank): at s = 0 every metric is the synchronous world-size-1 run's, validation (answered
@@ -268,6 +268,20 @@ def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path)
     assert [r["async/staleness_max"] for r in runs["split1"][1:]] == [0.0, 1.0, 1.0]
     assert [r["async/staleness_min"] for r in runs["split1"][1:]] == [0.0, 1.0, 1.0]
     _same_weights(one, tmp_path / "split0")
+    # Two training ranks (world size 3): the generating rank splits each batch over them as
+    # balancing would; the training is the world-size-2 run's (1e-4, as ws 1 against 2).
+    torchrun3 = [*torchrun[:-1], "--nproc-per-node=3"]
+    for name, more in (("x3_0", (*ahead, "async_training.max_staleness_steps=0")), ("x3_1", ahead)):
+        shutil.copytree(one / "model", tmp_path / name / "model")
+        runs[name] = _train(tmp_path / name, one / "data", torchrun3, *steps, *more)
+    for a, b in zip(sync[1:], runs["x3_0"][1:], strict=True):
+        _same(a, b)
+        assert b["perf/dp_imbalance_after"] <= b["perf/dp_imbalance_before"]
+    assert runs["x3_0"][3]["val/arithmetic/acc"] == sync[3]["val/arithmetic/acc"]
+    _same_weights(one, tmp_path / "x3_0")
+    for a, b in zip(runs["colocated1"][1:], runs["x3_1"][1:], strict=True):
+        _same(a, b)
+    assert [r["async/staleness_max"] for r in runs["x3_1"][1:]] == [0.0, 1.0, 1.0]
     run = tmp_path / "split1_resumed"
     shutil.copytree(
         tmp_path / "split1", run, ignore=shutil.ignore_patterns("actor_hf", "global_step_[23]")

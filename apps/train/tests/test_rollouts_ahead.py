@@ -180,12 +180,13 @@ RANKS = ("async_training.enable=true", "async_training.rollout_ranks=1")
         (["async_training.enable=true", "async_training.rollout_ranks=-1"], 2, "int >= 0"),
         (list(RANKS), 1, "leaves no training rank in the launch's world size 1"),
         (["async_training.enable=true", "async_training.rollout_ranks=2"], 2, "no training rank"),
-        (list(RANKS), 3, "one generating rank beside one training rank"),
+        (["async_training.enable=true", "async_training.rollout_ranks=2"], 3, "one generating"),
         ([*RANKS, "model.lora_rank=8"], 2, "LoRA"),
         ([*RANKS, "critic.lora_rank=8"], 2, "LoRA"),
         ([*RANKS, "reward_model.enable=true", "reward_model.path=/x"], 2, "reward_model.enable"),
-        # the checks after the split count the training ranks: 1 of 2
-        ([*RANKS, "actor.ulysses_sequence_parallel_size=2"], 2, "ulysses_sequence_parallel"),
+        ([*RANKS, "actor.ulysses_sequence_parallel_size=2"], 3, "ulysses_sequence_parallel"),
+        # the checks after the split count the training ranks: 2 of 3, the batch of 8 splits
+        ([*RANKS, "data.train_batch_size=7"], 3, "data.train_batch_size"),
     ],
 )
 def test_bad_rollout_ranks_fail_before_any_model(extra: list[str], world: int, message) -> None:
@@ -193,8 +194,19 @@ def test_bad_rollout_ranks_fail_before_any_model(extra: list[str], world: int, m
         validate_config(load_config(None, extra), world)
 
 
+def test_verl_names_its_rollout_pool() -> None:
+    """verl's fully-async ``rollout.nnodes`` × ``rollout.n_gpus_per_node``: R."""
+    verl = ["async_training.enable=true", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+    assert load_config(None, verl).async_training.rollout_ranks == 1
+    with pytest.raises(ValueError, match="rollout.nnodes=2: verl's generating ranks"):
+        load_config(None, [*verl[:1], "rollout.nnodes=2"])
+    with pytest.raises(ValueError, match="rollout_ranks=2: this version runs one generating"):
+        validate_config(load_config(None, [*verl[:1], "rollout.n_gpus_per_node=2"]), 4)
+
+
 def test_rollout_ranks_leave_the_training_ranks_to_the_other_checks() -> None:
     validate_config(load_config(None, list(RANKS)), 2)  # 1 + 1: the default fits
+    validate_config(load_config(None, list(RANKS)), 3)  # 2 + 1
 
 
 def test_correction_is_token_tis_where_samples_lag() -> None:
@@ -208,3 +220,36 @@ def test_correction_is_token_tis_where_samples_lag() -> None:
     assert rollout_is("async_training.enable=true", off) is None  # the user's choice
     verl = load_config(None, ["async_training.staleness_threshold=0"])  # verl's default: taken
     assert verl.async_training == AsyncTrainingConfig()
+
+
+def test_a_whole_batch_splits_over_training_ranks_in_whole_balanced_groups() -> None:
+    """``shares``: what the generating rank sends each of two training ranks. Four prompts
+    of 2 samples each, one prompt's answers much longer: every sample lands once, with its
+    whole group, its prompt's position in the batch and its rule reward."""
+    from klppo_train.ppo.rollout_ranks import shares
+    from klppo_train.ppo.rollouts import Collected
+    from klppo_train.workers.trajectories import Trajectories
+
+    lengths = torch.tensor([9, 8, 2, 3, 2, 2, 3, 2])  # prompt 0 holds most of the tokens
+    mask = (torch.arange(10) < lengths[:, None]).long()
+    prompt = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    t = Trajectories(
+        input_ids=torch.arange(80).reshape(8, 10), attention_mask=mask, response_mask=mask,
+        engine_logprobs=-torch.rand(8, 10), prompt_index=prompt,
+        sample_versions=torch.arange(8),
+    )  # fmt: skip
+    c = Collected(["p0", "p1", "p2", "p3"], t, {"timing_s/gen": 1.0}, rule=torch.arange(8.0))
+    got = shares(c, 2)
+    seen = torch.cat([s.trajectories.sample_versions for s in got]).sort().values
+    assert seen.tolist() == list(range(8))  # each sample once
+    for share in got:
+        s = share.trajectories
+        rows = s.sample_versions  # the row each sample was in the whole batch
+        assert torch.equal(s.input_ids, t.input_ids[rows])
+        assert torch.equal(share.rule, c.rule[rows])
+        assert torch.equal(s.prompt_position, prompt[rows])  # its prompt's position
+        assert [share.items[i] for i in s.prompt_index] == [f"p{p}" for p in prompt[rows]]
+        assert share.metrics["timing_s/gen"] == 1.0
+    # balanced: the long prompt alone is worth three short ones; equal prompts per rank
+    assert sorted(len(s.items) for s in got) == [2, 2]
+    assert got[0].metrics["perf/dp_imbalance_after"] <= got[0].metrics["perf/dp_imbalance_before"]

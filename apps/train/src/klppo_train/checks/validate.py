@@ -563,9 +563,12 @@ def _check_async_training(
         )
 
 
-def _check_rollout_ranks(at: AsyncTrainingConfig, world_size: int, lora: bool, rm: bool) -> None:
+def _check_rollout_ranks(
+    at: AsyncTrainingConfig, world_size: int, lora: bool, rm: bool, sp: int
+) -> None:
     """``async_training.rollout_ranks``: ranks of their own for the engine (this version:
-    one of them beside one training rank, full weights, rule rewards)."""
+    one of them beside any number of data-parallel training ranks, full weights, rule
+    rewards)."""
     key, r = "async_training.rollout_ranks", at.rollout_ranks
     if isinstance(r, bool) or not isinstance(r, int) or r < 0:
         raise ValueError(f"{key} must be an int >= 0, got {r!r}")
@@ -578,14 +581,16 @@ def _check_rollout_ranks(at: AsyncTrainingConfig, world_size: int, lora: bool, r
             f"{key}={r} leaves no training rank in the launch's world size {world_size} "
             "(torchrun --nproc-per-node × --nnodes)"
         )
-    if (r, world_size) != (1, 2):
+    if r != 1:
         raise ValueError(
-            f"{key}={r} at world size {world_size}: this version runs one generating rank "
-            "beside one training rank (torchrun --nproc-per-node=2, rollout_ranks=1)"
+            f"{key}={r}: this version runs one generating rank (rollout_ranks=1) beside "
+            "the other ranks of the launch, which train"
         )
     refused = {
         "LoRA (model.lora_rank / critic.lora_rank)": lora,
         "reward_model.enable (its scores are computed where it is sharded)": rm,
+        "actor.ulysses_sequence_parallel_size > 1 (the generating rank splits each batch "
+        "over data-parallel ranks only)": sp > 1,
     }
     for what, on in refused.items():
         if on:
@@ -753,7 +758,10 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     bypass = config.algorithm.rollout_correction.bypass_mode
     _check_async_training(config.async_training, config.trainer, bypass, config.rollout)
     lora = bool(config.model.lora_rank or config.critic.lora_rank)
-    _check_rollout_ranks(config.async_training, world_size, lora, config.reward_model.enable)
+    _check_rollout_ranks(
+        config.async_training, world_size, lora, config.reward_model.enable,
+        config.actor.ulysses_sequence_parallel_size,
+    )  # fmt: skip
     world_size -= config.async_training.rollout_ranks  # the training ranks, from here on
     _check_fsdp_sizes(config, world_size)
     if config.trainer.val_only:

@@ -31,8 +31,9 @@ class AsyncTrainingConfig:
     """R: ranks of the world that hold only the rollout engine and generate while the
     other ranks train (0: every rank does both, taking turns). With R = 1 and s ≥ 1 the
     generating rank samples batch k + s while the training rank updates on batch k; the
-    weights stream to it after each update. This version: one training and one generating
-    rank (world size 2)."""
+    weights stream to it after each update. This version: R = 1, the last rank of the
+    launch; the others train data-parallel (each batch split over them as
+    ``trainer.balance_batch`` would)."""
 
     @property
     def lag(self) -> int:

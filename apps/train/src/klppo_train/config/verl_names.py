@@ -47,6 +47,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.ref.*": ("ref.*",),
     "actor_rollout_ref.rollout.name": ("rollout.engine",),
     "actor_rollout_ref.rollout.*": ("rollout.*",),
+    # verl's fully-async rollout pool: R = rollout.nnodes × rollout.n_gpus_per_node
+    "rollout.n_gpus_per_node": ("async_training.rollout_ranks",),
     "critic.optim.lr": ("critic.lr",),
     "critic.optim.lr_warmup_steps": ("critic.lr_warmup_steps",),
     "critic.optim.weight_decay": ("critic.weight_decay",),
@@ -166,6 +168,11 @@ REFUSED: dict[str, str] = {
         "AReaL's name: klppo's is async_training.max_staleness_steps, with "
         "async_training.enable=true (only 0)"
     ),
+    "rollout.nnodes": (
+        "verl's generating ranks are rollout.nnodes × rollout.n_gpus_per_node, klppo's "
+        "async_training.rollout_ranks (rollout.n_gpus_per_node sets it); this version runs "
+        "them on one node: only 1"
+    ),
 }
 
 # The one value of a refused key that klppo does honour (so verl's defaults pass).
@@ -186,6 +193,7 @@ ACCEPTED_VALUES: dict[str, Callable[[Any], bool]] = {
     "reward_model.model.external_lib": lambda v: v is None,
     "async_training.staleness_threshold": lambda v: v == 0,
     "rollout.max_head_offpolicyness": lambda v: v == 0,
+    "rollout.nnodes": lambda v: v == 1,
 }
 
 # verl values that mean a klppo value: the policy's tokenizer path in input_tokenizer asks for

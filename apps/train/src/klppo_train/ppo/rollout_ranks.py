@@ -4,10 +4,13 @@ generating rank's loop, :func:`serve`.
 
 The two talk over the gloo group that joins the world (:func:`klppo_train.runtime.
 process_group.rollout_link`); sends return at once, receives block (:mod:`rollout.stream`).
-The training rank sends orders, in this order: ``start`` (the step the run continues after,
+Training rank 0 sends the orders, in this order: ``start`` (the step the run continues after,
 and the loader's position then), then per step ``weights`` (followed by the version's
 tensors, :class:`rollout.StreamedEngine`), ``validate`` where the loop validates, ``stop``
-at the end. The generating rank sends each batch it generated and each validation's results.
+at the end; every training rank takes the weights' gather (:class:`rollout.WeightSync`). The
+generating rank splits each batch it generated over the training ranks as data-parallel
+balancing would (:func:`klppo_train.ppo.balance.split_groups`) and sends each its share, and
+each validation's results to all of them.
 
 Ordering rules (the schedule of :class:`klppo_train.ppo.rollouts_ahead.RolloutsAhead`, now
 overlapped):
@@ -45,6 +48,7 @@ import torch
 
 from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptLoader
+from klppo_train.ppo.balance import split_groups
 from klppo_train.ppo.rollouts import Collected, RolloutSource
 from klppo_train.ppo.rollouts_ahead import staleness
 from klppo_train.runtime.process_group import LostRank, RolloutLink
@@ -90,26 +94,31 @@ class RemoteRollouts:
     def __post_init__(self) -> None:
         # an order is taken at the latest s + 1 steps after it was sent (≤ 2 orders a step)
         self.outbox = Outbox(2 * self.lag + 4)
-        who = f"rank 0: the generating rank (rank {self.link.generator})"
+        who = self._who()
         self.watch = PeerWatch(
             self.link.group,
             self.link.generator,
             lambda line: log.error("%s is gone: %s", who, line),
         )
 
+    def _who(self) -> str:
+        return f"rank {self.link.group.rank()}: the generating rank (rank {self.link.generator})"
+
     def _order(self, order: tuple) -> None:
+        """Sent by training rank 0 alone (the others take the same steps)."""
         if not self.started and order[0] not in ("start", "stop"):
             self._order(("start", 0, None))
         self.started = True
-        with self._named():
-            self.outbox.add(send_object(self.link.group, self.link.generator, order))
+        if self.link.group.rank() == 0:
+            with self._named():
+                self.outbox.add(send_object(self.link.group, self.link.generator, order))
 
     def _named(self):
-        return named_link(f"rank 0: the generating rank (rank {self.link.generator})")
+        return named_link(self._who())
 
     def collect(self, items, step: int) -> Collected:
-        """The batch of ``step`` (``items``, the training rank's own loader batch, is not
-        used: the generating rank's loader gives the same one)."""
+        """This rank's share of the batch of ``step`` (``items``, the training rank's own
+        loader batch, is not used: the generating rank's loader gives the same one)."""
         if not self.started:
             self._order(("start", 0, None))
         start = time.perf_counter()
@@ -142,14 +151,15 @@ class RemoteRollouts:
         raise RuntimeError("rollout ranks: nothing generates on a training rank")
 
     def validate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        """The generating rank's validation with the weights of ``step``."""
+        """The generating rank's validation with the weights of ``step`` (every training
+        rank gets the whole result)."""
         self._order(("validate", step))
         with self._named():
             return recv_object(self.link.group, self.link.generator, VALIDATION_TAG)
 
     def close(self) -> None:
-        """``stop``, taken at once by a generating rank that waits for orders; one that is
-        gone or stuck (the run failed mid-step) is left after a minute."""
+        """``stop`` (rank 0), taken at once by a generating rank that waits for orders; one
+        that is gone or stuck (the run failed mid-step) is left after a minute."""
         with contextlib.suppress(RuntimeError):
             self._order(("stop",))
             self.outbox.flush(timedelta(seconds=60))
@@ -182,16 +192,52 @@ class Serving:
 
     def __post_init__(self) -> None:
         # a batch is taken at the latest when the order after its step arrives
-        self.sent = Outbox(self.lag + 3)
+        self.sent = Outbox((self.lag + 3) * self.link.trainers)
 
     def generate_until(self, version: int, step: int, idle_s: float) -> int:
-        """Generate every batch from ``step`` on that ``version`` may (rule 1); the next."""
+        """Generate every batch from ``step`` on that ``version`` may (rule 1), each
+        training rank its share; the next step."""
         while step <= self.last_step and step - 1 - self.lag <= version:
             collected = _moved(self.source.collect(self.loader.next_batch(), step), "cpu")
-            batch = Batch(step, collected, self.loader.state_dict(), idle_s)
-            self.sent.add(send_object(self.link.group, 0, batch))
+            for rank, share in enumerate(shares(collected, self.link.trainers)):
+                batch = Batch(step, share, self.loader.state_dict(), idle_s)
+                self.sent.add(send_object(self.link.group, rank, batch))
             step, idle_s = step + 1, 0.0
         return step
+
+    def to_trainers(self, obj: Any, tag: int) -> None:
+        for rank in range(self.link.trainers):
+            self.sent.add(send_object(self.link.group, rank, obj, tag))
+
+
+def shares(c: Collected, trainers: int) -> list[Collected]:
+    """``c``, a whole batch, split over ``trainers`` data-parallel ranks (whole groups,
+    tokens balanced; :func:`klppo_train.ppo.balance.split_groups`): each share's samples in
+    its prompts' order, ``prompt_position`` their prompts' positions in the batch."""
+    if trainers == 1:
+        return [c]
+    t = c.trajectories
+    split, balance = split_groups(t.prompt_index, t.attention_mask, len(c.items), trainers)
+    per_sample = [
+        f.name for f in fields(t)
+        if torch.is_tensor(getattr(t, f.name)) and len(getattr(t, f.name)) == len(t.prompt_index)
+    ]  # fmt: skip
+    out = []
+    for positions in split:
+        rows = torch.cat([torch.nonzero(t.prompt_index == p).flatten() for p in positions])
+        sliced = {name: getattr(t, name)[rows] for name in per_sample}
+        order = torch.tensor(positions, device=t.prompt_index.device)
+        sliced["prompt_index"] = torch.searchsorted(order, t.prompt_index[rows])
+        sliced["prompt_position"] = t.prompt_index[rows]
+        share = replace(t, **sliced)
+        balanced = {**c.metrics, **balance}
+        items = [c.items[p] for p in positions]
+        out.append(Collected(items, share, balanced, _rows(c.rule, rows), _rows(c.baselines, rows)))
+    return out
+
+
+def _rows(v: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return v[rows] if v is not None else None
 
 
 def _moved(c: Collected, device) -> Collected:
@@ -208,7 +254,8 @@ def serve(s: Serving, start: tuple) -> int:
     last version it received. A training rank that is gone is named (:func:`named_link`)."""
     with named_link(f"rank {s.link.group.rank()}: the training rank (rank 0)"):
         version = _serve(s, start)
-    release_watch(s.link.group, 0)
+    for rank in range(s.link.trainers):
+        release_watch(s.link.group, rank)
     return version
 
 
@@ -230,7 +277,7 @@ def _serve(s: Serving, start: tuple) -> int:
         if order[0] == "weights":
             version = receive_weights(group, 0, s.engine)
         elif order[0] == "validate":
-            s.sent.add(send_object(group, 0, s.validator(), VALIDATION_TAG))
+            s.to_trainers(s.validator(), VALIDATION_TAG)
     # Not flushed: the training rank took what it needed before ``stop`` (a batch past a
     # preempted run's last step is never taken, and the process ends with it).
     return version

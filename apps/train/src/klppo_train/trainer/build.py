@@ -210,7 +210,9 @@ def build_components(
         if link
         else build_engine(cfg, model_dir, tokenizer, compute)
     )
-    sync = _weight_sync(actor, engine, model_dir, compute, lora)
+    # every training rank takes the gather; the first alone sends over the link
+    fed = engine if link is None or link.group.rank() == 0 else None
+    sync = _weight_sync(actor, fed, model_dir, compute, lora)
     return StepBuilder(cfg).components(
         actor=actor, engine=engine, weight_sync=sync,
         tokenizer=tokenizer, rewards=rewards, ref=ref, critic=critic, reward_model=reward_model,

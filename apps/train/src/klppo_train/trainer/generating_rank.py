@@ -77,7 +77,8 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
     with named_link(f"rank {link.group.rank()}: the training rank (rank 0)"):
         start = recv_object(link.group, 0)
     if start[0] == "stop":  # it failed before its first step
-        release_watch(link.group, 0)
+        for rank in range(link.trainers):
+            release_watch(link.group, rank)
         dist.destroy_process_group()
         return {}
     model_dir = ensure_model_dir(cfg, Path(cfg.trainer.run_dir).expanduser())
