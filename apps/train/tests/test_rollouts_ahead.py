@@ -238,7 +238,8 @@ def test_a_whole_batch_splits_over_training_ranks_in_whole_balanced_groups() -> 
         engine_logprobs=-torch.rand(8, 10), prompt_index=prompt,
         sample_versions=torch.arange(8),
     )  # fmt: skip
-    c = Collected(["p0", "p1", "p2", "p3"], t, {"timing_s/gen": 1.0}, rule=torch.arange(8.0))
+    counts = {"rollout/generation_tokens": 31.0, "reward/errors": 2.0}  # summed over ranks
+    c = Collected(["p0", "p1", "p2", "p3"], t, {"timing_s/gen": 1.0, **counts}, torch.arange(8.0))
     got = shares(c, 2)
     seen = torch.cat([s.trajectories.sample_versions for s in got]).sort().values
     assert seen.tolist() == list(range(8))  # each sample once
@@ -250,6 +251,8 @@ def test_a_whole_batch_splits_over_training_ranks_in_whole_balanced_groups() -> 
         assert torch.equal(s.prompt_position, prompt[rows])  # its prompt's position
         assert [share.items[i] for i in s.prompt_index] == [f"p{p}" for p in prompt[rows]]
         assert share.metrics["timing_s/gen"] == 1.0
+    for key, n in counts.items():  # counted once over the ranks
+        assert sum(share.metrics.get(key, 0.0) for share in got) == n
     # balanced: the long prompt alone is worth three short ones; equal prompts per rank
     assert sorted(len(s.items) for s in got) == [2, 2]
     assert got[0].metrics["perf/dp_imbalance_after"] <= got[0].metrics["perf/dp_imbalance_before"]

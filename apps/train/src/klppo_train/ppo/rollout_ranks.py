@@ -51,7 +51,7 @@ from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.balance import split_groups
 from klppo_train.ppo.rollouts import Collected, RolloutSource
 from klppo_train.ppo.rollouts_ahead import staleness
-from klppo_train.runtime.process_group import LostRank, RolloutLink
+from klppo_train.runtime.process_group import SUMS, LostRank, RolloutLink
 from rollout import (
     Outbox,
     PeerWatch,
@@ -81,12 +81,14 @@ class Batch:
 class RemoteRollouts:
     """The training rank's source: batches from the generating rank (module docstring);
     ``publisher``: a :class:`rollout.WeightSync` over a :class:`rollout.StreamedEngine`;
-    ``loader``: the run's (checkpointed) loader, kept at the generating rank's position."""
+    ``loader``: the run's (checkpointed) loader, kept at the generating rank's position;
+    ``rewards``: this rank's reward manager, which counts the generating rank's errors too."""
 
     link: RolloutLink
     publisher: WeightPublisher
     loader: PromptLoader
     lag: int = 0
+    rewards: Any = None
     started: bool = False
     outbox: Outbox | None = None
     watch: PeerWatch | None = None
@@ -129,6 +131,9 @@ class RemoteRollouts:
             raise RuntimeError(f"rollout ranks: step {step} received the batch of {got.step}")
         self.loader.load_state_dict(got.loader)
         c = _moved(got.collected, default_device())
+        errors = c.metrics.pop("reward/errors", 0.0)  # the generating rank's scoring
+        if self.rewards is not None:  # the step reports this rank's count, now with them
+            self.rewards.errors += int(errors)
         metrics = {
             **c.metrics,
             **staleness(c.trajectories, step),
@@ -179,7 +184,8 @@ def named_link(who: str):
 @dataclass
 class Serving:
     """The generating rank's side: ``source`` (colocated, dynamic sampling, ReMax's) over
-    ``engine``, the run's ``loader``, ``validator()`` → validation's ``(metrics, rows)``."""
+    ``engine``, the run's ``loader``, ``validator()`` → validation's ``(metrics, rows)``;
+    ``rewards``: the rule rewards the source scores with (their errors go with the batch)."""
 
     link: RolloutLink
     source: RolloutSource
@@ -188,6 +194,7 @@ class Serving:
     validator: Callable[[], tuple[dict[str, float], list[dict]]]
     lag: int
     last_step: int
+    rewards: Any = None
     sent: Outbox | None = None
 
     def __post_init__(self) -> None:
@@ -199,6 +206,8 @@ class Serving:
         training rank its share; the next step."""
         while step <= self.last_step and step - 1 - self.lag <= version:
             collected = _moved(self.source.collect(self.loader.next_batch(), step), "cpu")
+            if self.rewards is not None:  # scored here (dynamic sampling, ReMax): counted there
+                collected.metrics.update(self.rewards.metrics(reset=True))
             for rank, share in enumerate(shares(collected, self.link.trainers)):
                 batch = Batch(step, share, self.loader.state_dict(), idle_s)
                 self.sent.add(send_object(self.link.group, rank, batch))
@@ -218,6 +227,8 @@ def shares(c: Collected, trainers: int) -> list[Collected]:
         return [c]
     t = c.trajectories
     split, balance = split_groups(t.prompt_index, t.attention_mask, len(c.items), trainers)
+    # the ranks' counts are summed (the engine's tokens, reward errors): the first one's alone
+    counted = {k: v for k, v in c.metrics.items() if k not in SUMS}
     per_sample = [
         f.name for f in fields(t)
         if torch.is_tensor(getattr(t, f.name)) and len(getattr(t, f.name)) == len(t.prompt_index)
@@ -230,7 +241,7 @@ def shares(c: Collected, trainers: int) -> list[Collected]:
         sliced["prompt_index"] = torch.searchsorted(order, t.prompt_index[rows])
         sliced["prompt_position"] = t.prompt_index[rows]
         share = replace(t, **sliced)
-        balanced = {**c.metrics, **balance}
+        balanced = {**(c.metrics if not out else counted), **balance}
         items = [c.items[p] for p in positions]
         out.append(Collected(items, share, balanced, _rows(c.rule, rows), _rows(c.baselines, rows)))
     return out

@@ -109,6 +109,7 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
                     link, source, engine, loader,
                     lambda: validate(evaluation, items, size, generations),
                     cfg.async_training.lag, _last_step(cfg.trainer, len(loader)),
+                    checked.rewards,
                 ),
                 start,
             )  # fmt: skip

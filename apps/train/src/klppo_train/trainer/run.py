@@ -118,7 +118,7 @@ class PPOTask:
             builder = StepBuilder(cfg)
             link = rollout_link()
             c.rollouts = (
-                RemoteRollouts(link, c.weight_sync, loader, cfg.async_training.lag)
+                RemoteRollouts(link, c.weight_sync, loader, cfg.async_training.lag, c.rewards)
                 if link
                 else builder.sampled_prompts(c, loader.next_batch, steps, checked.train.items)
             )
