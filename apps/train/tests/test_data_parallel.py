@@ -290,3 +290,21 @@ def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path)
     records = _train(run, one / "data", torchrun, *steps, *ahead, resume)
     assert [r["step"] for r in records] == [0, 1, 2, 3]  # each step once
     assert [r["async/staleness_max"] for r in records[2:]] == [0.0, 1.0]
+
+
+@pytest.mark.slow  # three PPO steps at world size 1 and 2, LoRA
+def test_a_generating_rank_serves_a_lora_run(tmp_path: Path) -> None:
+    """With LoRA the training rank merges its adapters into the base weights it holds
+    (``rollout.AdapterSync``) and streams the merged layers; the generating rank's engine,
+    started from the same base, gives the colocated run's every metric."""
+    one = tmp_path / "colocated"
+    lora = ("model.lora_rank=8", "actor.lr=1e-3", "async_training.enable=true")
+    colocated = _train(one, one / "data", [sys.executable], *lora)
+    shutil.copytree(one / "model", tmp_path / "split" / "model")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    split = _train(
+        tmp_path / "split", one / "data", torchrun, *lora, "async_training.rollout_ranks=1"
+    )
+    assert [r["async/staleness_max"] for r in split[1:]] == [0.0, 1.0, 1.0]
+    for a, b in zip(colocated[1:], split[1:], strict=True):
+        _equal(a, b)

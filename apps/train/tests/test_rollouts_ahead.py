@@ -181,8 +181,6 @@ RANKS = ("async_training.enable=true", "async_training.rollout_ranks=1")
         (list(RANKS), 1, "leaves no training rank in the launch's world size 1"),
         (["async_training.enable=true", "async_training.rollout_ranks=2"], 2, "no training rank"),
         (["async_training.enable=true", "async_training.rollout_ranks=2"], 3, "one generating"),
-        ([*RANKS, "model.lora_rank=8"], 2, "LoRA"),
-        ([*RANKS, "critic.lora_rank=8"], 2, "LoRA"),
         ([*RANKS, "reward_model.enable=true", "reward_model.path=/x"], 2, "reward_model.enable"),
         ([*RANKS, "actor.ulysses_sequence_parallel_size=2"], 3, "ulysses_sequence_parallel"),
         # the checks after the split count the training ranks: 2 of 3, the batch of 8 splits

@@ -563,12 +563,9 @@ def _check_async_training(
         )
 
 
-def _check_rollout_ranks(
-    at: AsyncTrainingConfig, world_size: int, lora: bool, rm: bool, sp: int
-) -> None:
+def _check_rollout_ranks(at: AsyncTrainingConfig, world_size: int, rm: bool, sp: int) -> None:
     """``async_training.rollout_ranks``: ranks of their own for the engine (this version:
-    one of them beside any number of data-parallel training ranks, full weights, rule
-    rewards)."""
+    one of them beside any number of data-parallel training ranks, rule rewards)."""
     key, r = "async_training.rollout_ranks", at.rollout_ranks
     if isinstance(r, bool) or not isinstance(r, int) or r < 0:
         raise ValueError(f"{key} must be an int >= 0, got {r!r}")
@@ -587,7 +584,6 @@ def _check_rollout_ranks(
             "the other ranks of the launch, which train"
         )
     refused = {
-        "LoRA (model.lora_rank / critic.lora_rank)": lora,
         "reward_model.enable (its scores are computed where it is sharded)": rm,
         "actor.ulysses_sequence_parallel_size > 1 (the generating rank splits each batch "
         "over data-parallel ranks only)": sp > 1,
@@ -757,9 +753,8 @@ def validate_config(config: AppConfig, world_size: int = 1) -> list[str]:
     _check_lora(config)
     bypass = config.algorithm.rollout_correction.bypass_mode
     _check_async_training(config.async_training, config.trainer, bypass, config.rollout)
-    lora = bool(config.model.lora_rank or config.critic.lora_rank)
     _check_rollout_ranks(
-        config.async_training, world_size, lora, config.reward_model.enable,
+        config.async_training, world_size, config.reward_model.enable,
         config.actor.ulysses_sequence_parallel_size,
     )  # fmt: skip
     world_size -= config.async_training.rollout_ranks  # the training ranks, from here on
