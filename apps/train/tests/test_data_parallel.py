@@ -308,3 +308,24 @@ def test_a_generating_rank_serves_a_lora_run(tmp_path: Path) -> None:
     assert [r["async/staleness_max"] for r in split[1:]] == [0.0, 1.0, 1.0]
     for a, b in zip(colocated[1:], split[1:], strict=True):
         _equal(a, b)
+
+
+@pytest.mark.slow  # three PPO steps at world size 2 and 4 (s = 0 equal too: issue 44's note)
+def test_two_generating_ranks_serve_two_training_ranks(tmp_path: Path) -> None:
+    """``rollout_ranks=2`` at world size 4: the generating ranks generate and balance as
+    two colocated ranks would, each sends its share to its training rank, the first relays
+    orders and weights to the second; every metric is the colocated world-size-2 run's at
+    the same s."""
+    two = tmp_path / "colocated"
+    ahead = ("async_training.enable=true", "trainer.test_freq=3")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    colocated = _train(two, two / "data", [*torchrun, "--nproc-per-node=2"], *ahead)
+    shutil.copytree(two / "model", tmp_path / "split" / "model")
+    split = _train(
+        tmp_path / "split", two / "data", [*torchrun, "--nproc-per-node=4"], *ahead,
+        "async_training.rollout_ranks=2",
+    )  # fmt: skip
+    assert [r["async/staleness_max"] for r in split[1:]] == [0.0, 1.0, 1.0]
+    assert "val/arithmetic/acc" in split[3]
+    for a, b in zip(colocated[1:], split[1:], strict=True):
+        _equal(a, b)

@@ -181,6 +181,7 @@ RANKS = ("async_training.enable=true", "async_training.rollout_ranks=1")
         (list(RANKS), 1, "leaves no training rank in the launch's world size 1"),
         (["async_training.enable=true", "async_training.rollout_ranks=2"], 2, "no training rank"),
         (["async_training.enable=true", "async_training.rollout_ranks=2"], 3, "one generating"),
+        (["async_training.enable=true", "async_training.rollout_ranks=2"], 5, "as many of each"),
         ([*RANKS, "reward_model.enable=true", "reward_model.path=/x"], 2, "reward_model.enable"),
         ([*RANKS, "actor.ulysses_sequence_parallel_size=2"], 3, "ulysses_sequence_parallel"),
         # the checks after the split count the training ranks: 2 of 3, the batch of 8 splits
@@ -198,13 +199,17 @@ def test_verl_names_its_rollout_pool() -> None:
     assert load_config(None, verl).async_training.rollout_ranks == 1
     with pytest.raises(ValueError, match="rollout.nnodes=2: verl's generating ranks"):
         load_config(None, [*verl[:1], "rollout.nnodes=2"])
-    with pytest.raises(ValueError, match="rollout_ranks=2: this version runs one generating"):
-        validate_config(load_config(None, [*verl[:1], "rollout.n_gpus_per_node=2"]), 4)
+    two = load_config(None, [*verl[:1], "rollout.n_gpus_per_node=2"])
+    validate_config(two, 4)  # 2 + 2
+    with pytest.raises(ValueError, match="rollout_ranks=2 at world size 3: this version"):
+        validate_config(two, 3)
 
 
 def test_rollout_ranks_leave_the_training_ranks_to_the_other_checks() -> None:
     validate_config(load_config(None, list(RANKS)), 2)  # 1 + 1: the default fits
     validate_config(load_config(None, list(RANKS)), 3)  # 2 + 1
+    two = ("async_training.enable=true", "async_training.rollout_ranks=2")
+    validate_config(load_config(None, list(two)), 4)  # 2 + 2
 
 
 def test_correction_is_token_tis_where_samples_lag() -> None:

@@ -565,7 +565,8 @@ def _check_async_training(
 
 def _check_rollout_ranks(at: AsyncTrainingConfig, world_size: int, rm: bool, sp: int) -> None:
     """``async_training.rollout_ranks``: ranks of their own for the engine (this version:
-    one of them beside any number of data-parallel training ranks, rule rewards)."""
+    one of them beside any number of data-parallel training ranks, or as many of them as
+    training ranks; rule rewards)."""
     key, r = "async_training.rollout_ranks", at.rollout_ranks
     if isinstance(r, bool) or not isinstance(r, int) or r < 0:
         raise ValueError(f"{key} must be an int >= 0, got {r!r}")
@@ -578,10 +579,11 @@ def _check_rollout_ranks(at: AsyncTrainingConfig, world_size: int, rm: bool, sp:
             f"{key}={r} leaves no training rank in the launch's world size {world_size} "
             "(torchrun --nproc-per-node × --nnodes)"
         )
-    if r != 1:
+    if r != 1 and 2 * r != world_size:
         raise ValueError(
-            f"{key}={r}: this version runs one generating rank (rollout_ranks=1) beside "
-            "the other ranks of the launch, which train"
+            f"{key}={r} at world size {world_size}: this version runs one generating rank "
+            f"beside any number of training ranks, or as many of each ({key}={world_size // 2}"
+            " at an even world size)"
         )
     refused = {
         "reward_model.enable (its scores are computed where it is sharded)": rm,

@@ -49,6 +49,7 @@ import torch
 from fsdp_sharding import default_device
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.ppo.balance import split_groups
+from klppo_train.ppo.relay import next_order, take_weights
 from klppo_train.ppo.rollouts import Collected, RolloutSource
 from klppo_train.ppo.rollouts_ahead import staleness
 from klppo_train.runtime.process_group import SUMS, LostRank, RolloutLink
@@ -56,7 +57,6 @@ from rollout import (
     Outbox,
     PeerWatch,
     WeightPublisher,
-    receive_weights,
     recv_object,
     release_watch,
     send_object,
@@ -99,12 +99,12 @@ class RemoteRollouts:
         who = self._who()
         self.watch = PeerWatch(
             self.link.group,
-            self.link.generator,
+            self.link.peer,
             lambda line: log.error("%s is gone: %s", who, line),
         )
 
     def _who(self) -> str:
-        return f"rank {self.link.group.rank()}: the generating rank (rank {self.link.generator})"
+        return f"rank {self.link.group.rank()}: the generating rank (rank {self.link.peer})"
 
     def _order(self, order: tuple) -> None:
         """Sent by training rank 0 alone (the others take the same steps)."""
@@ -113,7 +113,7 @@ class RemoteRollouts:
         self.started = True
         if self.link.group.rank() == 0:
             with self._named():
-                self.outbox.add(send_object(self.link.group, self.link.generator, order))
+                self.outbox.add(send_object(self.link.group, self.link.peer, order))
 
     def _named(self):
         return named_link(self._who())
@@ -125,7 +125,7 @@ class RemoteRollouts:
             self._order(("start", 0, None))
         start = time.perf_counter()
         with self._named():
-            got: Batch = recv_object(self.link.group, self.link.generator)
+            got: Batch = recv_object(self.link.group, self.link.peer)
         waited = time.perf_counter() - start
         if got.step != step:
             raise RuntimeError(f"rollout ranks: step {step} received the batch of {got.step}")
@@ -160,7 +160,7 @@ class RemoteRollouts:
         rank gets the whole result)."""
         self._order(("validate", step))
         with self._named():
-            return recv_object(self.link.group, self.link.generator, VALIDATION_TAG)
+            return recv_object(self.link.group, self.link.peer, VALIDATION_TAG)
 
     def close(self) -> None:
         """``stop`` (rank 0), taken at once by a generating rank that waits for orders; one
@@ -199,23 +199,25 @@ class Serving:
 
     def __post_init__(self) -> None:
         # a batch is taken at the latest when the order after its step arrives
-        self.sent = Outbox((self.lag + 3) * self.link.trainers)
+        self.sent = Outbox((self.lag + 3) * len(self.link.served()))
 
     def generate_until(self, version: int, step: int, idle_s: float) -> int:
         """Generate every batch from ``step`` on that ``version`` may (rule 1), each
-        training rank its share; the next step."""
+        training rank its share (several generating ranks: each its own, balanced among
+        them as colocated ranks balance theirs); the next step."""
         while step <= self.last_step and step - 1 - self.lag <= version:
             collected = _moved(self.source.collect(self.loader.next_batch(), step), "cpu")
             if self.rewards is not None:  # scored here (dynamic sampling, ReMax): counted there
                 collected.metrics.update(self.rewards.metrics(reset=True))
-            for rank, share in enumerate(shares(collected, self.link.trainers)):
+            served = self.link.served()
+            for rank, share in zip(served, shares(collected, len(served)), strict=True):
                 batch = Batch(step, share, self.loader.state_dict(), idle_s)
                 self.sent.add(send_object(self.link.group, rank, batch))
             step, idle_s = step + 1, 0.0
         return step
 
     def to_trainers(self, obj: Any, tag: int) -> None:
-        for rank in range(self.link.trainers):
+        for rank in self.link.served():
             self.sent.add(send_object(self.link.group, rank, obj, tag))
 
 
@@ -263,30 +265,29 @@ def _moved(c: Collected, device) -> Collected:
 def serve(s: Serving, start: tuple) -> int:
     """The generating rank's loop from the ``start`` order it received, until ``stop``; the
     last version it received. A training rank that is gone is named (:func:`named_link`)."""
-    with named_link(f"rank {s.link.group.rank()}: the training rank (rank 0)"):
+    with named_link(f"rank {s.link.group.rank()}: the training rank (rank {s.link.peer})"):
         version = _serve(s, start)
-    for rank in range(s.link.trainers):
+    for rank in s.link.served():
         release_watch(s.link.group, rank)
     return version
 
 
 def _serve(s: Serving, start: tuple) -> int:
-    group = s.link.group
     _, version, loader = start  # a first ``stop`` never gets here (generating_rank.generate)
     if loader is not None:
         s.loader.load_state_dict(loader)
     if version:
-        version = receive_weights(group, 0, s.engine)
+        version = take_weights(s.link, s.engine)
     step, idle = version + 1, 0.0
     while True:
         step = s.generate_until(version, step, idle)
         start = time.perf_counter()
-        order = recv_object(group, 0)
+        order = next_order(s.link)
         idle = time.perf_counter() - start
         if order[0] == "stop":
             break
         if order[0] == "weights":
-            version = receive_weights(group, 0, s.engine)
+            version = take_weights(s.link, s.engine)
         elif order[0] == "validate":
             s.to_trainers(s.validator(), VALIDATION_TAG)
     # Not flushed: the training rank took what it needed before ``stop`` (a batch past a

@@ -31,16 +31,27 @@ _DATA_PARALLEL: tuple[Any, int, int] | None = None
 @dataclass(frozen=True)
 class RolloutLink:
     """``async_training.rollout_ranks``: the world's global ranks ``[0, trainers)`` train
-    (their default group), the rest generate (theirs); ``group`` (gloo, global ranks)
-    joins both sides. This version: one generating rank, ``generator``."""
+    (their default group), the other ``generators`` generate (theirs); ``group`` (gloo,
+    global ranks) joins both sides. One generating rank serves every training rank; several
+    serve one training rank each (as many of them)."""
 
     group: Any
     generates: bool
     trainers: int
+    generators: int = 1
 
     @property
-    def generator(self) -> int:
-        return self.trainers
+    def peer(self) -> int:
+        """The rank on the other side that this one takes from: a training rank's
+        generating rank, a generating rank's training rank (the one that sends the orders
+        where one generating rank serves them all)."""
+        if self.generates:
+            return self.group.rank() - self.trainers if self.generators > 1 else 0
+        return self.trainers + (self.group.rank() if self.generators > 1 else 0)
+
+    def served(self) -> list[int]:
+        """The training ranks a generating rank sends to."""
+        return [self.peer] if self.generators > 1 else list(range(self.trainers))
 
 
 _LINK: RolloutLink | None = None
@@ -91,7 +102,7 @@ def _split(store: dist.Store, rank: int, world: int, generators: int, timeout: t
     global _LINK
     trainers = world - generators
     link = dist.ProcessGroupGloo(dist.PrefixStore("klppo/link", store), rank, world, timeout)
-    _LINK = RolloutLink(link, rank >= trainers, trainers)
+    _LINK = RolloutLink(link, rank >= trainers, trainers, generators)
     side = "generate" if _LINK.generates else "train"
     mine = rank - trainers if _LINK.generates else rank
     return (

@@ -206,7 +206,7 @@ def build_components(
     link = rollout_link()  # a generating rank of its own: the weights stream to it
     engine = (
         # a version is taken at the latest s + 1 updates after it was sent
-        StreamedEngine(link.group, link.generator, keep=cfg.async_training.lag + 1)
+        StreamedEngine(link.group, link.peer, keep=cfg.async_training.lag + 1)
         if link
         else build_engine(cfg, model_dir, tokenizer, compute)
     )

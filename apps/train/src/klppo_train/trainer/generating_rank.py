@@ -20,6 +20,7 @@ from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.loop.preemption import Preempted, Preemption
 from klppo_train.loop.run_dir import ensure_model_dir, total_steps
+from klppo_train.ppo.relay import next_order
 from klppo_train.ppo.rollout_ranks import Serving, named_link, serve
 from klppo_train.ppo.rollouts import ColocatedRollouts
 from klppo_train.runtime.engine import build_engine
@@ -27,7 +28,7 @@ from klppo_train.runtime.precision import resolve_precision
 from klppo_train.runtime.process_group import rollout_link
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.validation import validate
-from rollout import recv_object, release_watch
+from rollout import release_watch
 
 log = logging.getLogger("klppo_train")
 
@@ -74,10 +75,10 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
     """Serve the training rank until it stops; an empty summary (rank 0 writes the run's)."""
     link = rollout_link()
     # the first order: after the training rank built its models, probed and resumed
-    with named_link(f"rank {link.group.rank()}: the training rank (rank 0)"):
-        start = recv_object(link.group, 0)
+    with named_link(f"rank {link.group.rank()}: the training rank (rank {link.peer})"):
+        start = next_order(link)
     if start[0] == "stop":  # it failed before its first step
-        for rank in range(link.trainers):
+        for rank in link.served():
             release_watch(link.group, rank)
         dist.destroy_process_group()
         return {}
