@@ -32,8 +32,9 @@ class AsyncTrainingConfig:
     other ranks train (0: every rank does both, taking turns). With R = 1 and s ≥ 1 the
     generating rank samples batch k + s while the training rank updates on batch k; the
     weights stream to it after each update. This version: R = 1, the last rank of the
-    launch; the others train data-parallel (each batch split over them as
-    ``trainer.balance_batch`` would)."""
+    launch, with the others training data-parallel (each batch split over them as
+    ``trainer.balance_batch`` would); or R beside R training ranks (world size 2R), each
+    generating rank serving one."""
 
     @property
     def lag(self) -> int:
