@@ -259,3 +259,20 @@ def test_a_whole_batch_splits_over_training_ranks_in_whole_balanced_groups() -> 
     # balanced: the long prompt alone is worth three short ones; equal prompts per rank
     assert sorted(len(s.items) for s in got) == [2, 2]
     assert got[0].metrics["perf/dp_imbalance_after"] <= got[0].metrics["perf/dp_imbalance_before"]
+    # trainer.balance_batch=false: equal runs of prompts, as two colocated ranks generate
+    assert [s.items for s in shares(c, 2, balance=False)] == [["p0", "p1"], ["p2", "p3"]]
+
+
+def test_only_a_link_failure_is_named_as_a_lost_rank() -> None:
+    from klppo_train.ppo.rollout_ranks import named_link
+    from klppo_train.runtime.process_group import LostRank
+
+    gone = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:18077."
+    who = "rank 1: the training rank (rank 0)"
+    lost = pytest.raises(LostRank, match="rank 1: the training rank .rank 0. did not answer")
+    with lost, named_link(who):
+        raise RuntimeError(gone)
+    oom = "CUDA out of memory. Tried to allocate 2.00 GiB"  # the generating rank's own fault
+    with pytest.raises(RuntimeError, match="CUDA out of memory") as raised, named_link(who):
+        raise RuntimeError(oom)
+    assert not isinstance(raised.value, LostRank)

@@ -130,10 +130,9 @@ def save_checkpoint_dir(
     return final
 
 
-# what a collective raises when its peer's process is gone (gloo's transport, NCCL)
-_LOST_PEER = re.compile(
-    r"gloo/transport|Connection (reset|closed) by peer|NCCL (error|communicator)"
-)
+# what a collective raises when its peer's process is gone (gloo's transport; NCCL says
+# "remote process exited or there was a network error")
+_LOST_PEER = re.compile(r"gloo/transport|Connection (reset|closed) by peer|remote process exited")
 
 
 def _unwritten(run_dir: Path, final: Path, tmp: Path, err: BaseException) -> Exception:

@@ -73,19 +73,24 @@ def balance_rollouts(
 
 
 def split_groups(
-    prompt_index: torch.Tensor, attention_mask: torch.Tensor, prompts: int, world: int
+    prompt_index: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompts: int,
+    world: int,
+    balance: bool = True,
 ) -> tuple[list[list[int]], dict[str, float]]:
     """A whole batch's (prompt, samples) groups split over ``world`` data-parallel ranks as
     :func:`balance_rollouts` splits the ranks' own (for a generating rank that generated
     all of them): per rank the prompts it gets (ascending), and
     ``perf/dp_imbalance_{before,after}`` (before: as ``world`` colocated ranks would have
     generated them, an equal run of prompts each). ``prompt_index``: ``[N]``,
-    ``attention_mask``: ``[N, L]``; a sample's load is its prompt and response tokens."""
+    ``attention_mask``: ``[N, L]``; a sample's load is its prompt and response tokens.
+    ``balance=False`` (``trainer.balance_batch=false``): the equal runs, as generated."""
     tokens = attention_mask.sum(dim=1).to("cpu", torch.long)
     loads = torch.zeros(prompts, dtype=torch.long).index_add_(0, prompt_index.cpu(), tokens)
     loads = loads.tolist()
     before = _as_generated([prompts // world] * world, loads)
-    assignment = balance_across_ranks(loads, world)
+    assignment = balance_across_ranks(loads, world) if balance else before
     metrics = {
         "perf/dp_imbalance_before": before.imbalance,
         "perf/dp_imbalance_after": assignment.imbalance,

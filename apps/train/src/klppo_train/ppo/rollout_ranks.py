@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -115,8 +116,18 @@ class RemoteRollouts:
             with self._named():
                 self.outbox.add(send_object(self.link.group, self.link.peer, order))
 
-    def _named(self):
-        return named_link(self._who())
+    @contextlib.contextmanager
+    def _named(self, gathers: bool = False):
+        """Link calls named (:func:`named_link`). ``gathers``: the call also gathers over
+        the training ranks, so only a generating rank the watch saw go is named for it."""
+        try:
+            yield
+        except RuntimeError as err:
+            self.watch.close(timeout=1.0)  # it sees a closed connection within milliseconds
+            if gathers and self.watch.lost is None:
+                raise
+            with named_link(self._who()):
+                raise err from None
 
     def collect(self, items, step: int) -> Collected:
         """This rank's share of the batch of ``step`` (``items``, the training rank's own
@@ -144,12 +155,12 @@ class RemoteRollouts:
 
     def publish(self, version: int) -> dict[str, float]:
         self._order(("weights", version))
-        with self._named():
+        with self._named(gathers=True):
             return self.publisher.sync(version=version)
 
     def resume(self, version: int) -> None:
         self._order(("start", version, self.loader.state_dict()))
-        with self._named():
+        with self._named(gathers=True):
             self.publisher.sync(version=version)
 
     def generate(self, items, step: int, span: range):
@@ -171,13 +182,20 @@ class RemoteRollouts:
         self.watch.close(timeout=60)
 
 
+# what gloo raises when the peer of a call is gone or silent (not an OOM, not an engine's)
+LINK_FAILURE = re.compile(r"gloo/transport|Connection (reset|closed) by peer|Timed out waiting")
+
+
 @contextlib.contextmanager
 def named_link(who: str):
-    """A failed link call as a :class:`LostRank`: ``who`` did not answer (one line)."""
+    """A link call that failed because its peer is gone or silent, as a :class:`LostRank`:
+    ``who`` did not answer (one line); any other error goes on as it is."""
     try:
         yield
     except RuntimeError as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if not LINK_FAILURE.search(str(err)):
+            raise
+        first = str(err).splitlines()[0]
         raise LostRank(f"{who} did not answer over the link: {first}") from None
 
 
@@ -195,6 +213,7 @@ class Serving:
     lag: int
     last_step: int
     rewards: Any = None
+    balance: bool = True
     sent: Outbox | None = None
 
     def __post_init__(self) -> None:
@@ -210,7 +229,8 @@ class Serving:
             if self.rewards is not None:  # scored here (dynamic sampling, ReMax): counted there
                 collected.metrics.update(self.rewards.metrics(reset=True))
             served = self.link.served()
-            for rank, share in zip(served, shares(collected, len(served)), strict=True):
+            split = shares(collected, len(served), self.balance)
+            for rank, share in zip(served, split, strict=True):
                 batch = Batch(step, share, self.loader.state_dict(), idle_s)
                 self.sent.add(send_object(self.link.group, rank, batch))
             step, idle_s = step + 1, 0.0
@@ -221,14 +241,15 @@ class Serving:
             self.sent.add(send_object(self.link.group, rank, obj, tag))
 
 
-def shares(c: Collected, trainers: int) -> list[Collected]:
+def shares(c: Collected, trainers: int, balance: bool = True) -> list[Collected]:
     """``c``, a whole batch, split over ``trainers`` data-parallel ranks (whole groups,
     tokens balanced; :func:`klppo_train.ppo.balance.split_groups`): each share's samples in
-    its prompts' order, ``prompt_position`` their prompts' positions in the batch."""
+    its prompts' order, ``prompt_position`` their prompts' positions in the batch;
+    ``balance=False``: equal runs of prompts in batch order."""
     if trainers == 1:
         return [c]
     t = c.trajectories
-    split, balance = split_groups(t.prompt_index, t.attention_mask, len(c.items), trainers)
+    split, spread = split_groups(t.prompt_index, t.attention_mask, len(c.items), trainers, balance)
     # the ranks' counts are summed (the engine's tokens, reward errors): the first one's alone
     counted = {k: v for k, v in c.metrics.items() if k not in SUMS}
     per_sample = [
@@ -243,7 +264,7 @@ def shares(c: Collected, trainers: int) -> list[Collected]:
         sliced["prompt_index"] = torch.searchsorted(order, t.prompt_index[rows])
         sliced["prompt_position"] = t.prompt_index[rows]
         share = replace(t, **sliced)
-        balanced = {**(c.metrics if not out else counted), **balance}
+        balanced = {**(c.metrics if not out else counted), **spread}
         items = [c.items[p] for p in positions]
         out.append(Collected(items, share, balanced, _rows(c.rule, rows), _rows(c.baselines, rows)))
     return out
@@ -264,12 +285,23 @@ def _moved(c: Collected, device) -> Collected:
 
 def serve(s: Serving, start: tuple) -> int:
     """The generating rank's loop from the ``start`` order it received, until ``stop``; the
-    last version it received. A training rank that is gone is named (:func:`named_link`)."""
-    with named_link(f"rank {s.link.group.rank()}: the training rank (rank {s.link.peer})"):
+    last version it received. A peer that is gone is named (:func:`named_link`)."""
+    with named_link(link_peers(s.link)):
         version = _serve(s, start)
     for rank in s.link.served():
         release_watch(s.link.group, rank)
     return version
+
+
+def link_peers(link: RolloutLink) -> str:
+    """Who a generating rank's failed call waited for (one training rank, one of several,
+    or, with several generating ranks, one of either side)."""
+    me = f"rank {link.group.rank()}"
+    if link.generators > 1:
+        return f"{me}: a training rank or another generating rank"
+    if link.trainers > 1:
+        return f"{me}: a training rank (ranks 0-{link.trainers - 1})"
+    return f"{me}: the training rank (rank 0)"
 
 
 def _serve(s: Serving, start: tuple) -> int:

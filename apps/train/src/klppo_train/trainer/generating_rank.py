@@ -21,7 +21,7 @@ from klppo_train.data.datasets import PromptLoader
 from klppo_train.loop.preemption import Preempted, Preemption
 from klppo_train.loop.run_dir import ensure_model_dir, total_steps
 from klppo_train.ppo.relay import next_order
-from klppo_train.ppo.rollout_ranks import Serving, named_link, serve
+from klppo_train.ppo.rollout_ranks import Serving, link_peers, named_link, serve
 from klppo_train.ppo.rollouts import ColocatedRollouts
 from klppo_train.runtime.engine import build_engine
 from klppo_train.runtime.precision import resolve_precision
@@ -75,7 +75,7 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
     """Serve the training rank until it stops; an empty summary (rank 0 writes the run's)."""
     link = rollout_link()
     # the first order: after the training rank built its models, probed and resumed
-    with named_link(f"rank {link.group.rank()}: the training rank (rank {link.peer})"):
+    with named_link(link_peers(link)):
         start = next_order(link)
     if start[0] == "stop":  # it failed before its first step
         for rank in link.served():
@@ -111,6 +111,8 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
                     lambda: validate(evaluation, items, size, generations),
                     cfg.async_training.lag, _last_step(cfg.trainer, len(loader)),
                     checked.rewards,
+                    # dynamic sampling's ranks always re-split (their rounds differ)
+                    cfg.trainer.balance_batch or cfg.algorithm.filter_groups.enable,
                 ),
                 start,
             )  # fmt: skip
