@@ -170,8 +170,8 @@ REFUSED: dict[str, str] = {
     ),
     "rollout.nnodes": (
         "verl's generating ranks are rollout.nnodes × rollout.n_gpus_per_node, klppo's "
-        "async_training.rollout_ranks (rollout.n_gpus_per_node sets it); this version runs "
-        "them on one node: only 1"
+        "async_training.rollout_ranks; rollout.n_gpus_per_node alone sets it, so for more "
+        "nodes set async_training.rollout_ranks to the product: only 1"
     ),
 }
 
