@@ -29,7 +29,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fsdp_sharding import has_manifest, verify_manifest, write_manifest
 from klppo_train.budgets.run_budgets import RunBudgets
 from klppo_train.config.errors import UserError
-from klppo_train.runtime.process_group import LostRank, barrier, from_main, is_main, world_size
+from klppo_train.runtime.process_group import (
+    PEER_FAILURE,
+    LostRank,
+    barrier,
+    from_main,
+    is_main,
+    world_size,
+)
 
 log = logging.getLogger("klppo_train")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -130,11 +137,6 @@ def save_checkpoint_dir(
     return final
 
 
-# what a collective raises when its peer's process is gone (gloo's transport; NCCL says
-# "remote process exited or there was a network error")
-_LOST_PEER = re.compile(r"gloo/transport|Connection (reset|closed) by peer|remote process exited")
-
-
 def _unwritten(run_dir: Path, final: Path, tmp: Path, err: BaseException) -> Exception:
     """A save that failed (torch reports a full disk as a failed write inside its zip
     writer, DCP wraps it): the partial directory removed, the previous checkpoints as they
@@ -145,8 +147,9 @@ def _unwritten(run_dir: Path, final: Path, tmp: Path, err: BaseException) -> Exc
     found = complete_checkpoints(run_dir)
     kept = f"the previous checkpoint ({found[-1][1]}) is intact" if found else "none was kept"
     text = str(err).strip()
-    if _LOST_PEER.search(text):
-        peer = _LOST_PEER.search(text).group(0)
+    lost = PEER_FAILURE.search(text)
+    if lost:
+        peer = lost.group(0)
         return LostRank(
             f"checkpoint {final} was not finished: another rank was lost while it was saved "
             f"({peer}); {kept}: resume_mode=auto continues from it"

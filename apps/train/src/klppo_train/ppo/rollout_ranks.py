@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -53,7 +52,7 @@ from klppo_train.ppo.balance import split_groups
 from klppo_train.ppo.relay import next_order, take_weights
 from klppo_train.ppo.rollouts import Collected, RolloutSource
 from klppo_train.ppo.rollouts_ahead import staleness
-from klppo_train.runtime.process_group import SUMS, LostRank, RolloutLink
+from klppo_train.runtime.process_group import PEER_FAILURE, SUMS, LostRank, RolloutLink
 from rollout import (
     Outbox,
     PeerWatch,
@@ -182,10 +181,6 @@ class RemoteRollouts:
         self.watch.close(timeout=60)
 
 
-# what gloo raises when the peer of a call is gone or silent (not an OOM, not an engine's)
-LINK_FAILURE = re.compile(r"gloo/transport|Connection (reset|closed) by peer|Timed out waiting")
-
-
 @contextlib.contextmanager
 def named_link(who: str):
     """A link call that failed because its peer is gone or silent, as a :class:`LostRank`:
@@ -193,7 +188,7 @@ def named_link(who: str):
     try:
         yield
     except RuntimeError as err:
-        if not LINK_FAILURE.search(str(err)):
+        if not PEER_FAILURE.search(str(err)):
             raise
         first = str(err).splitlines()[0]
         raise LostRank(f"{who} did not answer over the link: {first}") from None

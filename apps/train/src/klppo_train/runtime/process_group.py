@@ -11,6 +11,7 @@ process on the whole batch.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -132,6 +133,14 @@ def failed_ranks(failed: bool) -> list[int]:
     flags[dist.get_rank()] = int(failed)
     dist.all_reduce(flags, group=_HOST_GROUP)
     return flags.nonzero().flatten().tolist()
+
+
+# What a call raises when its peer's process is gone or silent: gloo's transport (a closed
+# or reset connection, a timeout); NCCL says "remote process exited or there was a network
+# error". Not an out-of-memory or an engine's error.
+PEER_FAILURE = re.compile(
+    r"gloo/transport|Connection (reset|closed) by peer|remote process exited|Timed out waiting"
+)
 
 
 class LostRank(RuntimeError):
