@@ -78,6 +78,14 @@ SHARING_OFF = (
 def _train(run: Path, data: Path, launcher: list[str], *more: str) -> list[dict]:
     """Three steps of the embedded default (vLLM), one thread per process as torchrun
     gives each rank (the same kernels, so float rounding differs only by the split)."""
+    done = _launch(run, data, launcher, *more)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (run / "stdout.txt").write_text(done.stdout)
+    (run / "stderr.txt").write_text(done.stderr)
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _launch(run: Path, data: Path, launcher: list[str], *more: str):
     args = [
         str(RECIPE),
         f"trainer.run_dir={run}",
@@ -103,17 +111,13 @@ def _train(run: Path, data: Path, launcher: list[str], *more: str) -> list[dict]
         "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", "/tmp/klppo_vllm"),
         "OMP_NUM_THREADS": "1",
     }
-    done = subprocess.run(
+    return subprocess.run(
         [*launcher, "-m", "klppo_train", *args],
         capture_output=True,
         text=True,
         timeout=900,
         env=env,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    (run / "stdout.txt").write_text(done.stdout)
-    (run / "stderr.txt").write_text(done.stderr)
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def _same(a: dict, b: dict) -> None:
@@ -290,6 +294,16 @@ def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path)
     records = _train(run, one / "data", torchrun, *steps, *ahead, resume)
     assert [r["step"] for r in records] == [0, 1, 2, 3]  # each step once
     assert [r["async/staleness_max"] for r in records[2:]] == [0.0, 1.0]
+    # The colocated run's checkpoint holds step 2's batch, which the split run cannot take
+    run = tmp_path / "colocated1_split"
+    shutil.copytree(tmp_path / "colocated1", run, ignore=shutil.ignore_patterns("actor_hf"))
+    resume = f"trainer.resume_mode={run}/checkpoints/global_step_1"
+    refused = _launch(run, one / "data", torchrun, *steps, *ahead, resume)
+    # the training rank says why; the generating rank may yet name it as lost, as it exits
+    said = [line for line in refused.stderr.splitlines() if "rollout_ranks=0" in line]
+    assert refused.returncode != 0 and len(said) == 1, refused.stderr[-3000:]
+    assert said[0].startswith("klppo-train: error: the checkpoint holds batches generated ahead")
+    assert "klppo_train/" not in refused.stderr  # no traceback of ours (torchrun prints its own)
 
 
 @pytest.mark.slow  # three PPO steps at world size 1 and 2, LoRA

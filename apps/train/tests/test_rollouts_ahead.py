@@ -22,7 +22,7 @@ from klppo_train.config.schema import load_config
 from klppo_train.data.datasets import PromptDataset
 from klppo_train.demo.embedded import build_tokenizer
 from klppo_train.demo.tasks import make_arithmetic_rows
-from klppo_train.ppo.rollouts_ahead import NothingAhead, RolloutsAhead
+from klppo_train.ppo.rollouts_ahead import RESUME_COLOCATED, NothingAhead, RolloutsAhead
 from klppo_train.ppo.step import ppo_step, train_on
 from klppo_train.trainer.assemble import StepBuilder
 
@@ -84,6 +84,8 @@ def test_a_resume_keeps_the_bound_and_the_batches_prompts() -> None:
         _ahead(_s(1))[0].rollouts.load_state_dict(state)
     with pytest.raises(UserError, match="resume it with async_training.enable=true"):
         NothingAhead().load_state_dict(state)
+    with pytest.raises(UserError, match="regenerate .* async_training.rollout_ranks=0"):
+        NothingAhead(RESUME_COLOCATED).load_state_dict(state)
     resumed, loader = _ahead(_s(3), start=5)  # the loader's position: 5 batches taken
     resumed.rollouts.load_state_dict(state)
     resumed.rollouts.resume(3)

@@ -142,10 +142,23 @@ class RolloutsAhead(OverSource):
             )
 
 
+# What a run that keeps nothing in flight says of a checkpoint that does, by the run's kind.
+RESUME_ASYNC = "resume it with async_training.enable=true"
+RESUME_COLOCATED = (
+    "generating ranks of their own (async_training.rollout_ranks) regenerate what was in "
+    "flight and cannot take these: resume it with async_training.rollout_ranks=0"
+)
+
+
+@dataclass(frozen=True)
 class NothingAhead:
-    """A synchronous run's checkpoint state in place of :class:`RolloutsAhead`'s: nothing in
-    flight; a checkpoint that holds batches generated ahead is refused (their prompts were
-    taken from the loader already: dropping them would skip them)."""
+    """The checkpoint state, in place of :class:`RolloutsAhead`'s, of a run that saves no
+    batch in flight (a synchronous one, or one whose generating ranks are their own and
+    regenerate theirs): a checkpoint that holds batches generated ahead is refused, with
+    ``remedy`` (their prompts were taken from the loader already: dropping them would skip
+    them)."""
+
+    remedy: str = RESUME_ASYNC
 
     def state_dict(self) -> dict[str, Any]:
         return {"ranks": [], "world_size": world_size(), "dp_size": dp_size()}
@@ -153,8 +166,8 @@ class NothingAhead:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if any(state["ranks"]):
             raise UserError(
-                "the checkpoint holds batches generated ahead of training (async_training); "
-                "resume it with async_training.enable=true"
+                "the checkpoint holds batches generated ahead of training on the training "
+                f"ranks (async_training); {self.remedy}"
             )
 
 

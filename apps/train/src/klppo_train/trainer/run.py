@@ -26,7 +26,12 @@ from klppo_train.loop.report import PLOTTED
 from klppo_train.loop.run_dir import run_task, total_steps
 from klppo_train.ppo.components import Components
 from klppo_train.ppo.rollout_ranks import RemoteRollouts
-from klppo_train.ppo.rollouts_ahead import NothingAhead, RolloutsAhead
+from klppo_train.ppo.rollouts_ahead import (
+    RESUME_ASYNC,
+    RESUME_COLOCATED,
+    NothingAhead,
+    RolloutsAhead,
+)
 from klppo_train.ppo.step import calibrate_reward_model, ppo_step
 from klppo_train.runtime.launch import launch_world_size
 from klppo_train.runtime.process_group import init_distributed, is_main, rollout_link
@@ -79,6 +84,12 @@ def _calibrate(c: Components, items, run_dir: Path) -> None:
         tmp = run_dir / (NORMALIZATION_FILE + ".tmp")
         tmp.write_text(json.dumps(found, indent=2))
         os.replace(tmp, run_dir / NORMALIZATION_FILE)
+
+
+def _nothing_ahead(c: Components) -> NothingAhead:
+    """What a run that saves nothing in flight says of a checkpoint that holds some."""
+    split = isinstance(c.rollouts, RemoteRollouts)
+    return NothingAhead(RESUME_COLOCATED if split else RESUME_ASYNC)
 
 
 @dataclass
@@ -145,7 +156,7 @@ class PPOTask:
         scheduled = zip(c.trainees(), self.schedulers, strict=True)
         lr = {f"lr_scheduler/{t.name}": s for t, s in scheduled}
         rm = {"reward_model": c.reward_model} if c.reward_model is not None else {}
-        ahead = c.rollouts if isinstance(c.rollouts, RolloutsAhead) else NothingAhead()
+        ahead = c.rollouts if isinstance(c.rollouts, RolloutsAhead) else _nothing_ahead(c)
         return {
             **lr,
             "kl_controller": c.kl_controller,
