@@ -310,15 +310,18 @@ def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path)
 def test_a_generating_rank_serves_a_lora_run(tmp_path: Path) -> None:
     """With LoRA the training rank merges its adapters into the base weights it holds
     (``rollout.AdapterSync``) and streams the merged layers; the generating rank's engine,
-    started from the same base, gives the colocated run's every metric."""
+    started from the same base, gives the colocated run's every metric. The link's 5 s
+    timeout, shorter than the generating rank's start-up (vLLM's engine), starts once both
+    sides are up."""
     one = tmp_path / "colocated"
     lora = ("model.lora_rank=8", "actor.lr=1e-3", "async_training.enable=true")
     colocated = _train(one, one / "data", [sys.executable], *lora)
     shutil.copytree(one / "model", tmp_path / "split" / "model")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     split = _train(
-        tmp_path / "split", one / "data", torchrun, *lora, "async_training.rollout_ranks=1"
-    )
+        tmp_path / "split", one / "data", torchrun, *lora, "async_training.rollout_ranks=1",
+        "trainer.collective_timeout_s=5",
+    )  # fmt: skip
     assert [r["async/staleness_max"] for r in split[1:]] == [0.0, 1.0, 1.0]
     for a, b in zip(colocated[1:], split[1:], strict=True):
         _equal(a, b)

@@ -62,6 +62,8 @@ def test_a_watched_peer_that_dies_is_named_at_once_and_one_that_ends_is_not(
     assert watcher["objects"] == [0, 1, 2] and watcher["ended"]
     if mode == "release":
         assert watcher["lost"] is None and "lost_at" not in watcher
+        # a receive with a timeout of its own waited past the group's 5 s
+        assert watcher["late"] == "late" and 6.5 < watcher["late_waited_s"] < 30, watcher
     else:
         assert ranks[1].returncode == 9
         assert "Connection closed by peer" in watcher["lost"]

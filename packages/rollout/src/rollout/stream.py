@@ -31,11 +31,11 @@ def _send_bytes(group: Any, dst: int, payload: bytes, tag: int) -> list[Any]:
     return [group.send([size], dst, tag), group.send([data], dst, tag), size, data]
 
 
-def _recv_bytes(group: Any, src: int, tag: int) -> bytes:
+def _recv_bytes(group: Any, src: int, tag: int, timeout: timedelta | None = None) -> bytes:
     size = torch.empty(1, dtype=torch.int64)
-    group.recv([size], src, tag).wait()
+    group.recv([size], src, tag).wait(timeout or timedelta(0))  # 0: the group's own timeout
     data = torch.empty(int(size), dtype=torch.uint8)
-    group.recv([data], src, tag).wait()
+    group.recv([data], src, tag).wait(timeout or timedelta(0))
     return data.numpy().tobytes()
 
 
@@ -45,10 +45,13 @@ def send_object(group: Any, dst: int, obj: Any, tag: int = OBJECT_TAG) -> list[A
     return _send_bytes(group, dst, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), tag)
 
 
-def recv_object(group: Any, src: int, tag: int = OBJECT_TAG) -> Any:
-    """The next object rank ``src`` of ``group`` sent with ``tag`` (blocks; a timeout of
-    ``group``'s raises ``RuntimeError``)."""
-    return pickle.loads(_recv_bytes(group, src, tag))
+def recv_object(
+    group: Any, src: int, tag: int = OBJECT_TAG, timeout: timedelta | None = None
+) -> Any:
+    """The next object rank ``src`` of ``group`` sent with ``tag`` (blocks; waiting longer
+    than ``timeout``, by default ``group``'s, raises ``RuntimeError``). A peer that dies
+    fails the receive at once, whatever the timeout: its connection closes."""
+    return pickle.loads(_recv_bytes(group, src, tag, timeout))
 
 
 def wait_all(pending: list[Any]) -> None:

@@ -6,7 +6,9 @@ generating rank follows the same orders and generates with the same version. Ord
 rules: every generating rank calls :func:`next_order` and :func:`take_weights` at the same
 points; a version's tensors are relayed one at a time, as the first rank's engine takes
 them from the link, then a sentinel ends the version. With one generating rank these are
-the plain link calls.
+the plain link calls. The first order (``start`` or ``stop``) is not relayed: training rank 0
+sends it to each generating rank, which waits for it without the link's timeout (a relay's
+collective would time out while the training ranks build).
 """
 
 from __future__ import annotations

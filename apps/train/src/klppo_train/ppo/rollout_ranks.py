@@ -5,12 +5,13 @@ generating rank's loop, :func:`serve`.
 The two talk over the gloo group that joins the world (:func:`klppo_train.runtime.
 process_group.rollout_link`); sends return at once, receives block (:mod:`rollout.stream`).
 Training rank 0 sends the orders, in this order: ``start`` (the step the run continues after,
-and the loader's position then), then per step ``weights`` (followed by the version's
-tensors, :class:`rollout.StreamedEngine`), ``validate`` where the loop validates, ``stop``
-at the end; every training rank takes the weights' gather (:class:`rollout.WeightSync`). The
-generating rank splits each batch it generated over the training ranks as data-parallel
-balancing would (:func:`klppo_train.ppo.balance.split_groups`) and sends each its share, and
-each validation's results to all of them.
+and the loader's position then; to every generating rank, and each answers every training
+rank it serves with ``up`` once its engine is built), then per step ``weights`` (followed by
+the version's tensors, :class:`rollout.StreamedEngine`), ``validate`` where the loop
+validates, ``stop`` at the end; every training rank takes the weights' gather
+(:class:`rollout.WeightSync`). The generating rank splits each batch it generated over the
+training ranks as data-parallel balancing would (:func:`klppo_train.ppo.balance.
+split_groups`) and sends each its share, and each validation's results to all of them.
 
 Ordering rules (the schedule of :class:`klppo_train.ppo.rollouts_ahead.RolloutsAhead`, now
 overlapped):
@@ -27,7 +28,11 @@ overlapped):
        the checkpoint's weights: the batches that were in flight are regenerated (younger
        than the bound allows), not saved.
     4. Nothing is generated for a step after ``last_step``.
-    5. Each side names the other when the link fails (:class:`klppo_train.runtime.
+    5. The link's timeout (``trainer.collective_timeout_s``) starts once both sides are up:
+       the first order and ``up`` are waited for without it (they span the other side's
+       build and probe, which have no bound of their own; a side that dies still fails
+       them at once, its connection closed), every later receive times out.
+    6. Each side names the other when the link fails (:class:`klppo_train.runtime.
        process_group.LostRank`, one line). The training rank also watches the generating
        rank (:class:`rollout.PeerWatch`): one that dies is named at once, while the step in
        progress goes on (torchrun's SIGTERM then checkpoints it); ``stop`` is answered by
@@ -52,7 +57,13 @@ from klppo_train.ppo.balance import split_groups
 from klppo_train.ppo.relay import next_order, take_weights
 from klppo_train.ppo.rollouts import Collected, RolloutSource
 from klppo_train.ppo.rollouts_ahead import staleness
-from klppo_train.runtime.process_group import PEER_FAILURE, SUMS, LostRank, RolloutLink
+from klppo_train.runtime.process_group import (
+    PEER_FAILURE,
+    START_UP_WAIT,
+    SUMS,
+    LostRank,
+    RolloutLink,
+)
 from rollout import (
     Outbox,
     PeerWatch,
@@ -107,13 +118,19 @@ class RemoteRollouts:
         return f"rank {self.link.group.rank()}: the generating rank (rank {self.link.peer})"
 
     def _order(self, order: tuple) -> None:
-        """Sent by training rank 0 alone (the others take the same steps)."""
+        """Sent by training rank 0 alone (the others take the same steps); the first one to
+        every generating rank, then each training rank waits until its own is up."""
         if not self.started and order[0] not in ("start", "stop"):
             self._order(("start", 0, None))
-        self.started = True
+        first, self.started = not self.started, True
         if self.link.group.rank() == 0:
+            to = self.link.generating() if first else [self.link.peer]
             with self._named():
-                self.outbox.add(send_object(self.link.group, self.link.peer, order))
+                for rank in to:
+                    self.outbox.add(send_object(self.link.group, rank, order))
+        if first and order[0] == "start":
+            with self._named():
+                recv_object(self.link.group, self.link.peer, timeout=START_UP_WAIT)  # up
 
     @contextlib.contextmanager
     def _named(self, gathers: bool = False):

@@ -54,6 +54,10 @@ class RolloutLink:
         """The training ranks a generating rank sends to."""
         return [self.peer] if self.generators > 1 else list(range(self.trainers))
 
+    def generating(self) -> list[int]:
+        """Every generating rank (global ranks)."""
+        return list(range(self.trainers, self.trainers + self.generators))
+
 
 _LINK: RolloutLink | None = None
 
@@ -134,6 +138,11 @@ def failed_ranks(failed: bool) -> list[int]:
     dist.all_reduce(flags, group=_HOST_GROUP)
     return flags.nonzero().flatten().tolist()
 
+
+# A link receive that spans the other side's start-up (its models' build, the token-budget
+# probe), which has no bound of its own: far past any collective's timeout, so only the
+# message or the peer's closed connection (it died) ends it.
+START_UP_WAIT = timedelta(days=365)
 
 # What a call raises when its peer's process is gone or silent: gloo's transport (a closed
 # or reset connection, a timeout); NCCL says "remote process exited or there was a network

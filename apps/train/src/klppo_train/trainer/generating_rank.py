@@ -1,6 +1,7 @@
 """The generating rank of a run with ``async_training.rollout_ranks`` (:func:`generate`):
 the rollout engine only, no sharded model. It waits for the training rank's ``start`` (the
-run directory and the model are ready then), builds the engine, the sampler and the step's
+run directory and the model are ready then), builds the engine (and says ``up`` to the
+training ranks: the link's timeout starts there), the sampler and the step's
 rollout source as a colocated run would (dynamic sampling, ReMax's baselines, tools), and
 serves batches and validations until ``stop``
 (:func:`klppo_train.ppo.rollout_ranks.serve`)."""
@@ -20,15 +21,14 @@ from klppo_train.config.schema import AppConfig
 from klppo_train.data.datasets import PromptLoader
 from klppo_train.loop.preemption import Preempted, Preemption
 from klppo_train.loop.run_dir import ensure_model_dir, total_steps
-from klppo_train.ppo.relay import next_order
 from klppo_train.ppo.rollout_ranks import Serving, link_peers, named_link, serve
 from klppo_train.ppo.rollouts import ColocatedRollouts
 from klppo_train.runtime.engine import build_engine
 from klppo_train.runtime.precision import resolve_precision
-from klppo_train.runtime.process_group import rollout_link
+from klppo_train.runtime.process_group import START_UP_WAIT, rollout_link
 from klppo_train.trainer.assemble import StepBuilder
 from klppo_train.trainer.validation import validate
-from rollout import release_watch
+from rollout import recv_object, release_watch, send_object
 
 log = logging.getLogger("klppo_train")
 
@@ -74,9 +74,11 @@ def _last_step(trainer, batches_per_epoch: int) -> int:
 def generate(cfg: AppConfig, checked: Checked) -> dict:
     """Serve the training rank until it stops; an empty summary (rank 0 writes the run's)."""
     link = rollout_link()
-    # the first order: after the training rank built its models, probed and resumed
+    # the first order, from training rank 0 to each generating rank: after the training
+    # ranks built their models and probed (no bound: the link's timeout starts once both
+    # sides are up)
     with named_link(link_peers(link)):
-        start = next_order(link)
+        start = recv_object(link.group, 0, timeout=START_UP_WAIT)
     if start[0] == "stop":  # it failed before its first step
         for rank in link.served():
             release_watch(link.group, rank)
@@ -86,6 +88,8 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
     engine = build_engine(
         cfg, model_dir, checked.tokenizer, resolve_precision(cfg.model.dtype, default_device())
     )
+    # up: the training ranks' first batch is timed from here (the sends' buffers are kept)
+    up = [send_object(link.group, rank, "up") for rank in link.served()]
     builder = StepBuilder(cfg)
     sampler = builder.sampler(engine, checked.tokenizer, checked.tools)
     try:
@@ -116,6 +120,7 @@ def generate(cfg: AppConfig, checked: Checked) -> dict:
                 ),
                 start,
             )  # fmt: skip
+            del up  # taken before the first batch
             if preemption.agreed():
                 raise Preempted(last, preemption.signal_name)
     finally:
