@@ -120,3 +120,27 @@ def test_a_generating_rank_of_its_own_survives_preemption_and_a_kill(
         if step < STEPS:
             assert ages[step + 1] == 0.0  # the batch in flight, regenerated with its weights
     assert not leftovers(run)
+
+
+@pytest.mark.slow  # one torchrun launch: ~40 s
+def test_a_generating_rank_that_hangs_is_named_after_the_link_timeout(tmp_path: Path) -> None:
+    """A stopped generating rank (SIGSTOP) keeps its connection open, so no watch sees it go:
+    the training rank's next wait on the link (a batch, or the weights' send) fails after
+    ``trainer.collective_timeout_s`` with one line naming it, and the job ends; it never
+    hangs."""
+    run, log = tmp_path / "split", tmp_path / "split.log"
+    job = launch(run, *AHEAD, "trainer.collective_timeout_s=5")
+    wait_for_step(run, 1, job)
+    pid = rank_pid(run, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    named = _logged_at(log, "the generating rank (rank 1) did not answer over the link", 0)
+    os.kill(pid, signal.SIGCONT)  # so that torchrun's SIGTERM can end it
+    assert named is not None and named - stopped < 5 + 15, log.read_text()[-3000:]
+    assert finish(job, timeout=120) != 0
+    said = [line for line in log.read_text().splitlines() if "(rank 1) did not answer" in line]
+    assert len(said) == 1 and said[0].startswith("klppo-train: error: "), said
+    assert "Timed out" in said[0] and "(rank 1) is gone" not in log.read_text()
+    assert "the generating rank (rank 1) stopped answering" in log.read_text()  # the watch
+    assert re.search(r'File ".*klppo_train', log.read_text()) is None  # no traceback of ours

@@ -107,12 +107,13 @@ class RemoteRollouts:
     def __post_init__(self) -> None:
         # an order is taken at the latest s + 1 steps after it was sent (≤ 2 orders a step)
         self.outbox = Outbox(2 * self.lag + 4)
-        who = self._who()
-        self.watch = PeerWatch(
-            self.link.group,
-            self.link.peer,
-            lambda line: log.error("%s is gone: %s", who, line),
-        )
+        self.watch = PeerWatch(self.link.group, self.link.peer, self._lost)
+
+    def _lost(self, line: str) -> None:
+        """The watch's report: a closed connection (the rank died), or the pair closed by
+        a receive that timed out (it hangs: stopped, or stuck in a call)."""
+        hangs = "timeout" in line.lower()
+        log.error("%s %s: %s", self._who(), "stopped answering" if hangs else "is gone", line)
 
     def _who(self) -> str:
         return f"rank {self.link.group.rank()}: the generating rank (rank {self.link.peer})"
