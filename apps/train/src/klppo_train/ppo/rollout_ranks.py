@@ -31,7 +31,9 @@ overlapped):
     5. The link's timeout (``trainer.collective_timeout_s``) starts once both sides are up:
        the first order and ``up`` are waited for without it (they span the other side's
        build and probe, which have no bound of their own; a side that dies still fails
-       them at once, its connection closed), every later receive times out.
+       them at once, its connection closed), every later receive times out. This holds per
+       pair: with R > 1 the generating ranks' start-ups must end within the timeout of one
+       another (the training ranks' first collectives and the first relay wait on them).
     6. Each side names the other when the link fails (:class:`klppo_train.runtime.
        process_group.LostRank`, one line). The training rank also watches the generating
        rank (:class:`rollout.PeerWatch`): one that dies is named at once, while the step in
@@ -120,7 +122,8 @@ class RemoteRollouts:
 
     def _order(self, order: tuple) -> None:
         """Sent by training rank 0 alone (the others take the same steps); the first one to
-        every generating rank, then each training rank waits until its own is up."""
+        every generating rank, after which (unless it is ``stop``) each training rank waits
+        until its own generating rank is up."""
         if not self.started and order[0] not in ("start", "stop"):
             self._order(("start", 0, None))
         first, self.started = not self.started, True
