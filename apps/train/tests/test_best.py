@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from test_run import overrides, read_records
 from transformers import AutoModelForCausalLM
 
@@ -118,7 +120,13 @@ def test_the_best_policy_is_exported_kept_over_a_resume_and_revalidates(tmp_path
     step = min(values, key=lambda s: (values[s], s))
     best = _summary(straight)["best"]
     assert best == {"metric": ACC, "step": step, "value": values[step], "export": "actor_hf_best"}
-    assert step != 4 and values[step] < values[4]  # the final policy is another one
+    # The first of equal values is kept (a tie does not improve), so the best is not the
+    # final policy unless step 4 alone is the lowest; these 4-step runs barely move the
+    # accuracy (all equal on some CPUs), which keeps step 0's policy: another one either way.
+    assert step != 4 and values[step] <= values[4]
+    final = load_file(straight / "actor_hf" / "model.safetensors")
+    kept = load_file(straight / "actor_hf_best" / "model.safetensors")
+    assert any(not torch.equal(final[name], kept[name]) for name in final)
     again = [*overrides(resumed, steps=4), "trainer.best_greater_is_better=false"]
     assert main([*again, "trainer.stop_at_step=2", "trainer.save_freq=2"]) == 0
     assert main([*again, "trainer.save_freq=2"]) == 0

@@ -75,9 +75,18 @@ SHARING_OFF = (
 )
 
 
+# Tests of what the trainer does at a world size, not of vLLM, generate with HF's engine:
+# its per-request seeds (klppo-rollout 0.14) make a prompt's samples the same whatever rank
+# generates them, and a launch skips vLLM's start-up (~25 s of a ~50 s one-step run). The
+# world-size test and the LoRA generating-rank test keep vLLM (its data-parallel engines,
+# its start-up against the link's timeout).
+HF = "rollout.engine=hf"
+
+
 def _train(run: Path, data: Path, launcher: list[str], *more: str) -> list[dict]:
-    """Three steps of the embedded default (vLLM), one thread per process as torchrun
-    gives each rank (the same kernels, so float rounding differs only by the split)."""
+    """Three steps of the embedded default (vLLM unless ``more`` says ``HF``), one thread per
+    process as torchrun gives each rank (the same kernels, so float rounding differs only by
+    the split)."""
     done = _launch(run, data, launcher, *more)
     assert done.returncode == 0, done.stderr[-4000:]
     (run / "stdout.txt").write_text(done.stdout)
@@ -127,11 +136,11 @@ def _same(a: dict, b: dict) -> None:
     assert b["perf/response_tokens"] == a["perf/response_tokens"]
 
 
-def _same_weights(*runs: Path) -> None:
+def _same_weights(*runs: Path, tol: float = 1e-5) -> None:
     final = [load_file(run / "actor_hf" / "model.safetensors") for run in runs]
     for other in final[1:]:
         for name, tensor in final[0].items():
-            assert (tensor - other[name]).abs().max() <= 1e-5, name
+            assert (tensor - other[name]).abs().max() <= tol, name
 
 
 @pytest.mark.slow  # three PPO steps at world size 1, 2 and 2 with Ulysses; step 3 of the 2's at 1
@@ -208,6 +217,7 @@ def test_dynamic_sampling_ahead_is_the_same_at_world_size_1_and_2(tmp_path: Path
         "algorithm.filter_groups.enable=true",
         "trainer.total_training_steps=2",
         "async_training.enable=true",
+        HF,
     )
     alone = _train(one, one / "data", [sys.executable], *dapo)
     shutil.copytree(one / "model", two / "model")
@@ -250,7 +260,7 @@ def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path)
     version old. Resumed from step 1, the batch that was in flight is generated again with
     the checkpoint's weights: step 2 is on-policy, step 3 one version old again."""
     one = tmp_path / "sync"
-    steps = ("trainer.test_freq=3",)
+    steps = ("trainer.test_freq=3", HF)
     ahead = ("async_training.enable=true", "async_training.rollout_ranks=1")
     sync = _train(one, one / "data", [sys.executable], *steps)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -282,7 +292,10 @@ def test_a_generating_rank_of_its_own_is_the_colocated_algorithm(tmp_path: Path)
         _same(a, b)
         assert b["perf/dp_imbalance_after"] <= b["perf/dp_imbalance_before"]
     assert runs["x3_0"][3]["val/arithmetic/acc"] == sync[3]["val/arithmetic/acc"]
-    _same_weights(one, tmp_path / "x3_0")
+    # 1e-4 (0.2 lr), not 1e-5: two training ranks sum the gradient in another order, and
+    # Adam scales an element whose gradient is at rounding level to an lr-sized step (HF's
+    # samples gave 3.0e-5 in one k_proj element, vLLM's under 1e-5; the metrics agree to 1e-4)
+    _same_weights(one, tmp_path / "x3_0", tol=1e-4)
     for a, b in zip(runs["colocated1"][1:], runs["x3_1"][1:], strict=True):
         _same(a, b)
     assert [r["async/staleness_max"] for r in runs["x3_1"][1:]] == [0.0, 1.0, 1.0]

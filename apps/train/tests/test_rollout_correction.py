@@ -61,7 +61,8 @@ def test_without_a_mismatch_the_corrected_step_is_the_plain_one(extra: list[str]
     if "rollout_corr/rollout_is_mean" in corrected:
         assert corrected["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5)
     for name in COMPARED:
-        assert corrected[name] == pytest.approx(plain[name], rel=1e-5, abs=1e-7), name
+        # abs 1e-6: the on-policy pg_loss is -mean(A) ~ 0, float32 rounding of O(1) terms
+        assert corrected[name] == pytest.approx(plain[name], rel=1e-5, abs=1e-6), name
 
 
 def test_every_key_changes_a_mismatched_step() -> None:

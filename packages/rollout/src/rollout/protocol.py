@@ -42,10 +42,9 @@ class RolloutEngine(Protocol):
         ``max_new_tokens``: one cap per prompt, instead of ``sampling.max_new_tokens`` (a
         multi-turn rollout's conversations have spent different parts of their budget).
 
-        ``seeds``: one per prompt, instead of ``sampling.seed`` for the whole call. vLLM
-        gives each prompt its own seeded stream, so a prompt's samples do not depend on what
-        else is in the call (which rank it landed on); the HF engine samples a call from
-        one generator seeded with ``seeds[0]`` (distinct rows, but not call-independent).
+        ``seeds``: one per prompt, instead of ``sampling.seed`` for the whole call. Both
+        engines give each prompt its own seeded stream, so a prompt's samples do not depend
+        on what else is in the call (which rank it landed on).
         """
         ...
 
