@@ -102,17 +102,27 @@ def test_default_recipe_runs_end_to_end(tmp_path: Path) -> None:
     assert [r["step"] for r in read_records(run)] == [0, 1, 2]
 
 
-def test_resume_continues_exactly(tmp_path: Path) -> None:
+def test_resume_continues_exactly(tmp_path: Path, caplog) -> None:
     """4 steps straight vs 2 steps, stop, resume, 2 more: identical metrics at steps 3-4
     (everything but wall-clock timings), so model, optimizer, LR schedule, KL coefficient,
-    data position and sampling seeds all came back."""
+    data position and sampling seeds all came back. Step 3's lines cut short in both files,
+    as a crash while appending leaves them, are dropped with one warning each."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    common = ["trainer.save_freq=2", "actor.lr_scheduler=cosine"]
+    common = ["trainer.save_freq=2", "actor.lr_scheduler=cosine", "trainer.log_val_generations=2"]
     assert main([*overrides(straight, steps=4), *common]) == 0
     assert main([*overrides(resumed, steps=4), *common, "trainer.stop_at_step=2"]) == 0
     assert [r["step"] for r in read_records(resumed)] == [0, 1, 2]
     assert not (resumed / "actor_hf").exists()  # exported only at the very end
+    for name in ("metrics.jsonl", "val_generations.jsonl"):
+        with (resumed / name).open("a") as f:
+            f.write('{"step": 3, "actor/pg_lo')  # the crash: no closing brace, no newline
+    caplog.clear()
     assert main([*overrides(resumed, steps=4), *common]) == 0
+    dropped = [r.getMessage() for r in caplog.records if "partial last line" in r.getMessage()]
+    assert len(dropped) == 2 and "\n" not in dropped[0], dropped
+    assert _generations(resumed / "val_generations.jsonl") == _generations(
+        straight / "val_generations.jsonl"
+    )
     a, b = assert_complete_run(straight, 4), assert_complete_run(resumed, 4)
     for x, y in zip(a, b, strict=True):
         keep = [k for k in x if not k.startswith(("timing_s/", "perf/"))]
@@ -270,7 +280,10 @@ def test_default_recipe_with_vllm(tmp_path: Path) -> None:
 def test_default_recipe_learns(tmp_path: Path) -> None:
     """`uv run apps/train` as shipped (only the run directory moved): validation accuracy
     rises by at least 20 points over the PPO phase; the baseline is measured after the
-    supervised warm-up, so the gain is RL's."""
+    supervised warm-up, so the gain is RL's. The floor holds on every seed and CPU measured
+    (docs/recipes.md: seeds 1-5 on an Intel Xeon gained +0.305 to +0.545, seeds 1-2 on an AMD
+    EPYC and seed 1 on an AVX2-only one +0.28 or more); the end value itself (0.54 to 0.82)
+    depends on both, so it is not asserted."""
     run = tmp_path / "run"
     done = _run_cli([f"trainer.run_dir={run}"], [sys.executable])
     assert done.returncode == 0, done.stderr[-4000:]

@@ -154,3 +154,18 @@ def test_logger_names_and_verl_spelling() -> None:
     with pytest.raises(ValueError, match="'swanlab' is not a logger"):
         validate_config(load_config(None, ["trainer.logger=[swanlab]"]))
     assert load_config(None, ["trainer.logger=console"]).trainer.logger == ("console",)
+
+
+def test_a_damaged_line_before_the_last_is_named_not_dropped(tmp_path: Path) -> None:
+    """Only a last line can be a crash's partial append; a bad line before it is damage the
+    reader does not paper over: one UserError naming the file and the line."""
+    from klppo_train.config.errors import UserError
+    from klppo_train.tracking.metrics_log import read_jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{"step": 1, "x\n{"step": 2}\n')
+    with pytest.raises(UserError, match=r"metrics.jsonl: line 2 is not JSON"):
+        read_jsonl(path)
+    path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2, "x')
+    assert read_jsonl(path) == [{"step": 0}, {"step": 1}]
+    assert read_jsonl(path, up_to_step=0) == [{"step": 0}]

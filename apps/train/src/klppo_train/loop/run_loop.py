@@ -216,6 +216,7 @@ def _steps(
             if stop or due(step, settings.save_freq, last):
                 trainees, keep = task.trainees(), settings.max_ckpt_to_keep
                 protect = best.step if best is not None else None
+                metrics_log.sync()
                 save_checkpoint_dir(run_dir, trainees, _states(task, best), step, keep, protect)
             if stop:
                 raise Preempted(step, preemption.signal_name)

@@ -10,12 +10,16 @@ likewise).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from klppo_train.config.errors import UserError
 from klppo_train.tracking.trackers import TrackedRun, open_trackers
+
+log = logging.getLogger("klppo_train")
 
 GENERATIONS_FILE = "val_generations.jsonl"  # in the run directory
 # The progress bar's fields: label → metric.
@@ -45,10 +49,33 @@ class Tracking:
 
 
 def read_jsonl(path: Path, up_to_step: int | None = None) -> list[dict]:
+    """The records of ``path`` (none if it is missing) up to ``up_to_step``.
+
+    A last line that is not JSON is what a crash in the middle of an append leaves: it is
+    dropped with one warning (a resumed run rewrites the file without it). Any other line
+    that is not JSON is damage this cannot mend: a :class:`UserError` naming the file and line.
+    """
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    records = []
+    for n, line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if n != lines[-1][0]:
+                msg = f"{path}: line {n} is not JSON ({err.msg}); the file is damaged"
+                raise UserError(msg) from err
+            log.warning("%s: dropped a partial last line %d (%d chars: a crash while it was "
+                        "written)", path, n, len(line))  # fmt: skip
     return [r for r in records if up_to_step is None or r["step"] <= up_to_step]
+
+
+def _sync(path: Path) -> None:
+    """``path``'s appended lines on the disk itself (a checkpoint counts only after this)."""
+    if path.exists():
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
 
 
 def _rewrite(path: Path, records: list[dict]) -> None:
@@ -119,6 +146,13 @@ class MetricsLog:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         for tracker in self.trackers:
             tracker.log_generations(step, rows)
+
+    def sync(self) -> None:
+        """The files' lines so far on the disk (before a checkpoint is published: a crash
+        after it then finds every step it holds in ``metrics.jsonl``)."""
+        if self.enabled:
+            _sync(self.path)
+            _sync(self.generations_path)
 
     def _postfix(self) -> dict[str, str]:
         last = self.records[-1]
