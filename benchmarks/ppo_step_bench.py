@@ -93,13 +93,15 @@ ROWS = {
         "model.gradient_checkpointing=true",
         "model.compile=true",
     ],
-    # LoRA on actor and critic (all-linear, α = 2r), the critic's value head in full
+    # LoRA on actor and critic (all-linear, α = 2r), the critic's value head in full; the
+    # fp32 twins are for machines without fast bf16 (the probe's choice there)
     **{
-        f"bf16+lora{r}": [
-            "model.dtype=bfloat16",
+        f"{name}+lora{r}": [
+            f"model.dtype={dtype}",
             *(f"{k}.lora_rank={r}" for k in ("model", "critic")),
             *(f"{k}.lora_alpha={2 * r}" for k in ("model", "critic")),
         ]
+        for name, dtype in (("bf16", "bfloat16"), ("fp32", "float32"))
         for r in (8, 32)
     },
 }
@@ -144,11 +146,29 @@ def prepare() -> tuple[Path, Path]:
     return model, data
 
 
+def linear_gflops(dtype: torch.dtype, seconds: float = 1.0) -> float:
+    """Achieved GFLOP/s of SmolLM2's widest projection, ``F.linear([2048, 576], [1536, 576])``:
+    the kernel the trainer runs, which is not always a square ``mm``'s (on an AVX2-only
+    machine the 2048² bf16 ``mm`` measured ~1 GFLOP/s while a bf16 step ran 20x faster)."""
+    x, w = torch.randn(2048, 576).to(dtype), torch.randn(1536, 576).to(dtype)
+    torch.nn.functional.linear(x, w)  # warm-up
+    runs, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or runs < 2:
+        torch.nn.functional.linear(x, w)
+        runs += 1
+    return 2 * 2048 * 576 * 1536 * runs / elapsed / 1e9
+
+
 def matmul_peaks() -> dict[str, float]:
+    """Each dtype's best of a square ``mm`` and the model's ``linear``, three tries each: a
+    floor is a lower bound only at the fastest kernel the step can reach."""
     from klppo_train.runtime.precision import matmul_gflops
 
     return {
-        name: max(matmul_gflops(dtype, size=2048, seconds=1.0) for _ in range(3))
+        name: max(
+            max(matmul_gflops(dtype, size=2048, seconds=1.0), linear_gflops(dtype))
+            for _ in range(3)
+        )
         for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
     }
 

