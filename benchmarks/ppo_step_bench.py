@@ -31,7 +31,8 @@ The step reported (all its columns) is the median, by step time, of steps 2..``-
 seconds per phase (``timing_s/*``, the weight sync's included), step time, tokens/s
 (prompt + response tokens of the step ÷ step time), peak RSS, the megabytes the weight sync
 sent, the step's compute floor and step ÷ floor. The floor is FLOPs ÷ the measured matmul
-peak of the row's dtype: 6·N per trained token for actor and critic (4·N with LoRA: no
+peak of the row's dtype (the best of a 2048² ``mm`` and the model's widest ``linear``):
+6·N per trained token for actor and critic (4·N with LoRA: no
 weight gradients of the frozen base), 2·N per token for each forward-only pass that ran
 (old log-probs, reference, values), 2·N per generated token; N = the actor's parameter
 count. Tokens are the step's prompt + response tokens, every sample's copy of its prompt
