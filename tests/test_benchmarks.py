@@ -78,12 +78,12 @@ def test_step_floor_counts_the_passes_that_ran(
 
 @pytest.mark.slow
 def probed_dtype() -> str:
-    """What ``model.dtype=auto`` picks on this machine: a test forces bf16 only where it is
-    fast (on an AVX2-only CPU a bf16 step ran 50x over fp32's time)."""
-    from klppo_train.runtime.precision import choose_cpu_dtype, matmul_gflops
+    """What ``model.dtype=auto`` picks on this machine (the trainer's own probe): a test
+    forces bf16 only where it is fast (on an AVX2-only CPU a bf16 step ran 50x over fp32's)."""
+    from klppo_train.runtime.precision import resolve_precision
 
-    fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
-    return "bf16" if choose_cpu_dtype(fp32, bf16).dtype == torch.bfloat16 else "fp32"
+    auto = resolve_precision("auto", torch.device("cpu"))
+    return "bf16" if auto.dtype == torch.bfloat16 else "fp32"
 
 
 def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None:
