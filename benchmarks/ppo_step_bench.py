@@ -160,18 +160,22 @@ def linear_gflops(dtype: torch.dtype, seconds: float = 1.0) -> float:
     return 2 * 2048 * 576 * 1536 * runs / elapsed / 1e9
 
 
-def matmul_peaks() -> dict[str, float]:
-    """Each dtype's best of a square ``mm`` and the model's ``linear``, three tries each: a
-    floor is a lower bound only at the fastest kernel the step can reach."""
+def row_dtype(row: str) -> str:
+    """The compute dtype of a row (or a TRL variant) by its name: ``bfloat16`` for bf16 rows."""
+    return "bfloat16" if "bf16" in row else "float32"
+
+
+def matmul_peaks(dtypes=("float32", "bfloat16")) -> dict[str, float]:
+    """Each of ``dtypes``' best of a square ``mm`` and the model's ``linear``, three tries
+    each: a floor is a lower bound only at the fastest kernel the step can reach. Only the
+    dtypes the rows run are measured (each takes ~6 s)."""
     from klppo_train.runtime.precision import matmul_gflops
 
-    return {
-        name: max(
-            max(matmul_gflops(dtype, size=2048, seconds=1.0), linear_gflops(dtype))
-            for _ in range(3)
-        )
-        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
-    }
+    def best(dtype: torch.dtype) -> float:
+        square = (matmul_gflops(dtype, size=2048, seconds=1.0) for _ in range(3))
+        return max(max(mm, linear_gflops(dtype)) for mm in square)
+
+    return {name: best(getattr(torch, name)) for name in ("float32", "bfloat16") if name in dtypes}
 
 
 def run_row(
@@ -259,7 +263,7 @@ def model_shape(model: Path) -> tuple[int, int, int]:
 def floors(m: dict, shape: tuple[int, int, int], peaks: dict, setting: str, row: str) -> dict:
     """A row's step floor and work floor at the measured matmul peak of its dtype."""
     prompts, samples, _ = (int(x) for x in setting.split("x"))
-    gflops = peaks["bfloat16" if "bf16" in row else "float32"]
+    gflops = peaks[row_dtype(row)]
     lora = "lora" in row
     floor = step_floor_s(m, shape[0], gflops, prompts * samples, 4 if lora else 6)
     shared = "model.share_prompts=false" not in ROWS[row]
@@ -383,9 +387,8 @@ def packed_logprob_diff(model_dir: Path) -> float:
 
 
 def print_tables(result: dict) -> None:
-    peaks = result["matmul_gflops"]
-    fp32, bf16 = peaks["float32"], peaks["bfloat16"]
-    print(f"\nmatmul peak (2 threads): fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s")
+    peaks = ", ".join(f"{k} {v:.0f}" for k, v in result["matmul_gflops"].items())
+    print(f"\nmatmul peak (2 threads): {peaks} GFLOP/s")
     cols = ["setting", "row", *PHASES, "update_weights", "step_s", "tokens_per_s"]
     cols += ["peak_rss_gb", "sync_mb", "floor_s"]
     cols += ["step_over_floor", "work_floor_s", "step_over_work_floor"]
@@ -427,12 +430,13 @@ def main() -> None:
     with_trainer_allocator()  # the forward table is timed in this process
     torch.manual_seed(0)
     model, data = prepare()
-    result = {"matmul_gflops": matmul_peaks(), "torch": torch.__version__}
+    rows = args.rows.split(",")
+    peaks = matmul_peaks({row_dtype(row) for row in rows})
+    result = {"matmul_gflops": peaks, "torch": torch.__version__}
     print(f"matmul peaks: {result['matmul_gflops']}", flush=True)
     if not args.skip_forward:
         result["forward"] = forward_table(model)
         result["packed_logprob_diff"] = packed_logprob_diff(model)
-    rows = args.rows.split(",")
     result["steps"] = step_table(
         model, data, args.settings.split(","), args.steps, result["matmul_gflops"], rows
     )

@@ -232,7 +232,8 @@ def main() -> None:
     if not args.no_klppo:
         import ppo_step_bench as psb
 
-        ctx = {"peaks": psb.matmul_peaks(), "shape": psb.model_shape(model)}
+        dtypes = {"float32" if v.split("+")[0] == "fp32" else "bfloat16" for v in variants}
+        ctx = {"peaks": psb.matmul_peaks(dtypes), "shape": psb.model_shape(model)}
         print(f"matmul peaks: {ctx['peaks']}", flush=True)
     rows = []
     for _ in range(args.rounds):

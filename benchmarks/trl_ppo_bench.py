@@ -234,7 +234,8 @@ def main() -> None:
     if args.with_klppo:
         import ppo_step_bench as psb
 
-        peaks, shape = psb.matmul_peaks(), psb.model_shape(model)
+        peaks = psb.matmul_peaks({psb.row_dtype(args.klppo_row)})
+        shape = psb.model_shape(model)
         print(f"matmul peaks: {peaks}", flush=True)
     for setting in args.settings.split(","):
         klppo_s = None

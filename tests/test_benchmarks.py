@@ -76,7 +76,6 @@ def test_step_floor_counts_the_passes_that_ran(
     assert step_floor_s(m, 1, 1e-9, 10) == pytest.approx(flops)
 
 
-@pytest.mark.slow
 def probed_dtype() -> str:
     """What ``model.dtype=auto`` picks on this machine (the trainer's own probe): a test
     forces bf16 only where it is fast (on an AVX2-only CPU a bf16 step ran 50x over fp32's)."""
@@ -86,6 +85,7 @@ def probed_dtype() -> str:
     return "bf16" if auto.dtype == torch.bfloat16 else "fp32"
 
 
+@pytest.mark.slow  # the SmolLM2 trainer in its own process
 def test_ppo_step_bench_runs_a_real_step_and_writes_json(tmp_path: Path) -> None:
     """One LoRA step of the real SmolLM2 trainer run (the model is converted once, cached),
     in the dtype this machine's probe picks: the row runs, its floors count no weight

@@ -50,11 +50,11 @@ def test_a_second_conversion_is_a_copy_of_the_first(tmp_path: Path) -> None:
 
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2_arith.yaml"
-HALF_BATCH = ("data.train_batch_size", "actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size")
+QUARTER_BATCH = ("data.train_batch_size", "actor.ppo_mini_batch_size", "critic.ppo_mini_batch_size")
 
 
 def test_recipe_prepares_itself_and_gets_a_reward(tmp_path: Path) -> None:
-    """A step of the real recipe (at half its batch: the suite's time) on a fresh run
+    """A step of the real recipe (at a quarter of its batch: the suite's time) on a fresh run
     directory given by trainer.run_dir alone: it converts its model and writes its data
     there (held-out validation), and the rule gives the model some reward."""
     run = tmp_path / "run"
@@ -64,7 +64,7 @@ def test_recipe_prepares_itself_and_gets_a_reward(tmp_path: Path) -> None:
         "trainer.total_training_steps=1",
         "trainer.test_freq=0",
         "trainer.save_freq=0",
-        *(f"{key}=8" for key in HALF_BATCH),
+        *(f"{key}=4" for key in QUARTER_BATCH),
     ]
     env = {**os.environ, "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", "/tmp/klppo_vllm")}
     done = subprocess.run(
