@@ -190,11 +190,12 @@ def klppo_row(model: Path, data: Path, setting: str, variant: str, steps: int, c
     import ppo_step_bench as psb
 
     kind = "lora" if "lora" in variant else "full"
-    dtype = "fp32" if variant.split("+")[0] == "fp32" else "bf16"
+    compute = psb.row_dtype(variant)  # float32 beside fp32, bfloat16 beside bf16 / bf16w
+    dtype = "bf16" if compute == "bfloat16" else "fp32"
     prompts, samples, tokens = (int(x) for x in setting.split("x"))
     overrides = [f"data.train_batch_size={prompts}", f"actor.ppo_mini_batch_size={prompts}"]
     overrides += [f"rollout.n={samples}", f"rollout.response_length={tokens}"]
-    overrides += [f"model.dtype={'float32' if dtype == 'fp32' else 'bfloat16'}"]
+    overrides += [f"model.dtype={compute}"]
     m = psb.run_row(model, data, overrides, steps, recipe=RECIPES[kind])
     row = {"setting": setting, "variant": f"klppo {kind} {dtype}", "step_s": m["timing_s/step"]}
     row.update(peak_rss_gb=m["peak_rss_gb"], steps_s=m["steps_s"], allocator="auto")
@@ -232,8 +233,8 @@ def main() -> None:
     if not args.no_klppo:
         import ppo_step_bench as psb
 
-        dtypes = {"float32" if v.split("+")[0] == "fp32" else "bfloat16" for v in variants}
-        ctx = {"peaks": psb.matmul_peaks(dtypes), "shape": psb.model_shape(model)}
+        peaks = psb.matmul_peaks({psb.row_dtype(v) for v in variants})
+        ctx = {"peaks": peaks, "shape": psb.model_shape(model)}
         print(f"matmul peaks: {ctx['peaks']}", flush=True)
     rows = []
     for _ in range(args.rounds):

@@ -72,7 +72,7 @@ def test_a_prompts_samples_do_not_depend_on_the_rest_of_the_call(model) -> None:
     assert_same(samples_of(capped, 1), alone)
 
 
-def test_a_two_ranks_equal_one(model) -> None:
+def test_two_ranks_equal_one(model) -> None:
     """Each rank generating its slice of the prompts (with their seeds) equals one rank
     generating them all, as with vLLM's per-request seeds."""
     prompts, seeds = [P, Q, R, Q, P, R], [10, 11, 12, 13, 14, 15]
@@ -85,7 +85,7 @@ def test_a_two_ranks_equal_one(model) -> None:
         assert_same(samples_of(ranks[i // 3], i % 3), samples_of(one, i))
 
 
-def test_b_seeds_pick_the_samples(model) -> None:
+def test_seeds_pick_the_samples(model) -> None:
     engine = engine_for(model)
     sampling = SamplingConfig(n=1, temperature=0.9, max_new_tokens=8)
     firsts = engine.generate([P] * 8, sampling, seeds=list(range(8)))
@@ -110,7 +110,7 @@ def test_b_seeds_pick_the_samples(model) -> None:
     assert engine.generate([P], unseeded).samples != one.samples
 
 
-def test_c_logprobs_are_of_the_warped_distribution() -> None:
+def test_logprobs_are_of_the_warped_distribution() -> None:
     model = peaked_model()
     sampling = SamplingConfig(n=4, temperature=0.7, top_k=20, top_p=0.8, max_new_tokens=6)
     prompts = [P, Q, R]
@@ -126,7 +126,7 @@ def test_c_logprobs_are_of_the_warped_distribution() -> None:
         torch.testing.assert_close(torch.tensor(s.logprobs), expected, atol=1e-5, rtol=0)
 
 
-def test_d_first_tokens_follow_the_warped_distribution() -> None:
+def test_first_tokens_follow_the_warped_distribution() -> None:
     model = peaked_model()
     temperature, top_k, top_p, draws = 0.7, 8, 0.97, 4000
     sampling = SamplingConfig(
